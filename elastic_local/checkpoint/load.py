@@ -1,0 +1,178 @@
+"""Load a Nemotron-H checkpoint directory into the network, streaming tensor by tensor.
+
+Only the slices of the resident budget are read (memory-mapped), converted to the compute dtype and
+moved to the device one tensor at a time, so peak memory stays near the resident model plus one
+tensor: a 63 GB BF16 parent never needs twice its size. Grouped heads are reordered rank-major on
+the way in (model/layout.py); the file keeps the hub layout every other loader expects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from ..model.attention import AttentionWeights
+from ..model.budget import Budget, check_budget
+from ..model.config import NemotronHConfig
+from ..model.layout import head_channels, rank_major_heads
+from ..model.mamba2 import MambaWeights
+from ..model.moe import MLPWeights, MoEWeights
+from ..model.nemotron_h import Layer, NemotronH
+from .files import CheckpointError, Reader, TensorInfo, index_tensors
+
+Progress = Callable[[int, int, str], None]  # (done, total, what)
+
+
+def expected_shapes(cfg: NemotronHConfig, stored: Budget) -> dict[str, tuple[int, ...]]:
+    """Canonical name -> shape of every tensor a checkpoint with these stored sizes must hold."""
+    D, V = stored.hidden, cfg.vocab_size
+    out: dict[str, tuple[int, ...]] = {"embeddings.weight": (V, D), "norm_f.weight": (D,)}
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = (V, D)
+    G, N, p, K = cfg.n_groups, cfg.ssm_state_size, cfg.mamba_head_dim, cfg.conv_kernel
+    hd, KV = cfg.head_dim, cfg.num_key_value_heads
+    for i, s in enumerate(stored.layers):
+        pre = f"layers.{i}."
+        if not s.enabled:
+            continue
+        out[pre + "norm.weight"] = (D,)
+        m = pre + "mixer."
+        if s.kind == "M":
+            n = s.mamba_heads
+            conv = n * p + 2 * G * N
+            out.update({m + "in_proj.weight": (2 * n * p + 2 * G * N + n, D), m + "conv1d.weight": (conv, 1, K),
+                        m + "dt_bias": (n,), m + "A_log": (n,), m + "D": (n,), m + "norm.weight": (n * p,),
+                        m + "out_proj.weight": (D, n * p)})
+            if cfg.use_conv_bias:
+                out[m + "conv1d.bias"] = (conv,)
+        elif s.kind == "*":
+            q = s.attention_heads * hd
+            out.update({m + "q_proj.weight": (q, D), m + "k_proj.weight": (KV * hd, D),
+                        m + "v_proj.weight": (KV * hd, D), m + "o_proj.weight": (D, q)})
+        elif s.kind == "E":
+            E, I, S = s.experts, s.expert_channels, s.shared_channels
+            out.update({m + "gate.weight": (E, D), m + "gate.e_score_correction_bias": (E,),
+                        m + "shared_experts.up_proj.weight": (S, D), m + "shared_experts.down_proj.weight": (D, S)})
+            for j in range(E):
+                out[m + f"experts.{j}.up_proj.weight"] = (I, D)
+                out[m + f"experts.{j}.down_proj.weight"] = (D, I)
+        else:
+            out.update({m + "up_proj.weight": (s.mlp_channels, D), m + "down_proj.weight": (D, s.mlp_channels)})
+    return out
+
+
+def _stacked_experts(tensors: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
+    """transformers' renamed layout stacks experts ([E, I, D]); view each expert as its own entry."""
+    out = dict(tensors)
+    for name, info in tensors.items():
+        if name.endswith((".experts.up_proj", ".experts.down_proj")):
+            del out[name]
+            proj = name.rsplit(".", 1)[1]
+            for j in range(info.shape[0]):
+                out[f"{name.rsplit('.', 1)[0]}.{j}.{proj}.weight"] = TensorInfo(info.file, info.key, info.dtype,
+                                                                                info.shape[1:])
+    return out
+
+
+def check_tensors(path: Path, tensors: dict[str, TensorInfo], expected: dict[str, tuple[int, ...]]) -> None:
+    found = {k for k in tensors if not k.startswith("mtp.")}
+    missing = sorted(set(expected) - found)
+    extra = sorted(found - set(expected))
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise CheckpointError(f"{path}: missing tensor(s) {missing[:5]}{more} that config.json requires; "
+                              "the checkpoint is incomplete or does not match its config")
+    if extra:
+        info = tensors[extra[0]]
+        raise CheckpointError(f"{path}: unexpected tensor {info.key!r} in {info.file.name} (and {len(extra) - 1} "
+                              "more) that config.json does not describe; the checkpoint does not match its config")
+    for name, shape in expected.items():
+        info = tensors[name]
+        if info.shape != shape:
+            raise CheckpointError(f"{info.file}: tensor {info.key!r} has shape {list(info.shape)}, config.json "
+                                  f"implies {list(shape)}")
+
+
+def load_network(path: str | Path, resident: Budget | None = None, stored: Budget | None = None,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 progress: Progress | None = None) -> NemotronH:
+    """Read the weights of `resident` (default: everything stored) into a NemotronH on `device`."""
+    path = Path(path)
+    cfg = NemotronHConfig.from_dir(path)
+    stored = stored or Budget.full(cfg)
+    resident = resident or stored
+    check_budget(cfg, resident)
+    if not resident.fits_in(stored):
+        raise CheckpointError(f"{path}: budget {resident.name!r} is larger than what the file stores")
+    tensors = _stacked_experts(index_tensors(path))
+    check_tensors(path, tensors, expected_shapes(cfg, stored))
+    reader = Reader(tensors)
+
+    def get(name: str, *index, fp32: bool = False) -> torch.Tensor:
+        t = reader.read(name, *index)
+        return t.to(device=device, dtype=torch.float32 if fp32 else dtype)
+
+    d = resident.hidden
+    G, p, KV = cfg.n_groups, cfg.mamba_head_dim, cfg.num_key_value_heads
+    total = len(resident.layers) + 2
+    if progress:
+        progress(0, total, "embeddings")
+    embed = get("embeddings.weight", cfg.vocab_size, d)
+    layers: list[Layer] = []
+    for i, (s, st) in enumerate(zip(resident.layers, stored.layers)):
+        m = f"layers.{i}.mixer."
+        if not s.enabled:
+            layers.append(Layer(s.kind, torch.empty(0), None))
+            continue
+        if s.kind == "M":
+            heads = rank_major_heads(st.mamba_heads, G, s.mamba_heads // G)
+            ch = head_channels(heads, p)
+            n_st = st.mamba_heads * p
+            bc = torch.arange(2 * n_st, 2 * n_st + 2 * G * cfg.ssm_state_size)
+            rows = torch.cat([ch, n_st + ch, bc, 2 * n_st + len(bc) + heads])
+            conv_rows = torch.cat([ch, bc - n_st])
+            conv_w = get(m + "conv1d.weight", conv_rows)[:, 0]
+            mixer = MambaWeights(
+                in_proj=get(m + "in_proj.weight", rows, d),
+                conv_weight=conv_w,
+                conv_bias=get(m + "conv1d.bias", conv_rows) if cfg.use_conv_bias else None,
+                dt_bias=get(m + "dt_bias", heads, fp32=True),
+                A=-torch.exp(get(m + "A_log", heads, fp32=True)),
+                D=get(m + "D", heads, fp32=True),
+                norm=get(m + "norm.weight", ch),
+                out_proj=get(m + "out_proj.weight", d, ch),
+            )
+        elif s.kind == "*":
+            heads = rank_major_heads(st.attention_heads, KV, s.attention_heads // KV)
+            ch = head_channels(heads, cfg.head_dim)
+            qkv = torch.cat([get(m + "q_proj.weight", ch, d), get(m + "k_proj.weight", KV * cfg.head_dim, d),
+                             get(m + "v_proj.weight", KV * cfg.head_dim, d)])
+            mixer = AttentionWeights(qkv, get(m + "o_proj.weight", d, ch))
+        elif s.kind == "E":
+            E, I = s.experts, s.expert_channels
+            up = torch.empty(E, I, d, dtype=dtype, device=device)
+            down = torch.empty(E, d, I, dtype=dtype, device=device)
+            for j in range(E):
+                up[j] = get(m + f"experts.{j}.up_proj.weight", I, d)
+                down[j] = get(m + f"experts.{j}.down_proj.weight", d, I)
+            S = s.shared_channels
+            mixer = MoEWeights(
+                gate=get(m + "gate.weight", E, d, fp32=True),
+                bias=get(m + "gate.e_score_correction_bias", E, fp32=True),
+                up=up, down=down,
+                shared_up=get(m + "shared_experts.up_proj.weight", S, d),
+                shared_down=get(m + "shared_experts.down_proj.weight", d, S),
+            )
+        else:
+            mixer = MLPWeights(get(m + "up_proj.weight", s.mlp_channels, d),
+                               get(m + "down_proj.weight", d, s.mlp_channels))
+        layers.append(Layer(s.kind, get(f"layers.{i}.norm.weight", d), mixer))
+        if progress:
+            progress(i + 1, total, f"layer {i} ({s.kind})")
+    norm_f = get("norm_f.weight", d)
+    lm_head = embed if cfg.tie_word_embeddings else get("lm_head.weight", cfg.vocab_size, d)
+    if progress:
+        progress(total, total, "done")
+    return NemotronH(cfg, resident, embed, layers, norm_f, lm_head)

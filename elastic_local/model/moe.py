@@ -1,0 +1,83 @@
+"""Mixture of experts with Nemotron-H's router, the shared expert, and the dense MLP.
+
+Router (SPEC §3): s = sigmoid(x W^T) in float32; the top-k of s + e_score_correction_bias choose the
+experts (the bias only selects, optionally within the best `topk_group` of `n_group` groups); the
+weights are the unbiased s of the chosen experts, normalised to sum 1 when norm_topk_prob, times
+routed_scaling_factor. A budget keeping K experts restricts the choice to the first K.
+Expert and MLP: down(relu(up x)^2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .linear import block, linear
+
+
+@dataclass
+class MoEWeights:
+    gate: torch.Tensor  # [E, D] float32
+    bias: torch.Tensor  # [E] float32 e_score_correction_bias
+    up: torch.Tensor  # [E, I, D]
+    down: torch.Tensor  # [E, D, I]
+    shared_up: torch.Tensor  # [S, D]
+    shared_down: torch.Tensor  # [D, S]
+
+
+@dataclass
+class MLPWeights:
+    up: torch.Tensor  # [I, D]
+    down: torch.Tensor  # [D, I]
+
+
+def mlp(x: torch.Tensor, up, down, channels: int) -> torch.Tensor:
+    d = x.shape[-1]
+    h = F.relu(linear(x, block(up, 0, channels, d))).square()
+    return linear(h, block(down, 0, d, channels))
+
+
+def route(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, experts: int, cfg):
+    """(weights [N, k] float32, expert ids [N, k]) for tokens x [N, d], choosing among the first `experts`."""
+    d = x.shape[-1]
+    scores = torch.sigmoid(F.linear(x.float(), gate[:experts, :d]))
+    choice = scores + bias[:experts]
+    E = gate.shape[0]
+    if cfg.n_group > 1:  # group-limited: keep the topk_group groups whose two best experts score highest
+        if experts < E:
+            choice = F.pad(choice, (0, E - experts), value=-torch.inf)
+        groups = choice.view(-1, cfg.n_group, E // cfg.n_group)
+        best = groups.topk(2, dim=-1).values.sum(-1)
+        keep = torch.zeros_like(best, dtype=torch.bool).scatter_(1, best.topk(cfg.topk_group, dim=-1).indices, True)
+        choice = groups.masked_fill(~keep[..., None], -torch.inf).view(-1, E)[:, :experts]
+    ids = choice.topk(cfg.num_experts_per_tok, dim=-1).indices
+    weights = scores.gather(1, ids)
+    if cfg.norm_topk_prob:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return weights * cfg.routed_scaling_factor, ids
+
+
+def moe(x: torch.Tensor, w: MoEWeights, experts: int, channels: int, shared_channels: int, cfg) -> torch.Tensor:
+    """Routed experts + shared expert. Tokens are grouped by expert (one sort), then each expert that got
+    any token runs once on all of its tokens: the Python loop is over experts, never over tokens."""
+    shape = x.shape
+    d = shape[-1]
+    flat = x.reshape(-1, d)
+    weights, ids = route(flat, w.gate, w.bias, experts, cfg)
+    k = ids.shape[1]
+    order = ids.reshape(-1).argsort()
+    counts = torch.bincount(ids.reshape(-1), minlength=experts).tolist()
+    token_of = order // k
+    out = torch.zeros(flat.shape[0], d, dtype=torch.float32, device=x.device)
+    pos = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        rows = token_of[pos:pos + n]
+        h = mlp(flat[rows], w.up[e], w.down[e], channels)
+        out.index_add_(0, rows, h.float() * weights.reshape(-1)[order[pos:pos + n], None])
+        pos += n
+    out = out.to(x.dtype).view(shape)
+    return out + mlp(x, w.shared_up, w.shared_down, shared_channels)

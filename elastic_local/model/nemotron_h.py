@@ -1,0 +1,157 @@
+"""The Nemotron-H network: embeddings, a stack of pre-norm residual blocks (Mamba2, MoE, attention or
+dense MLP, one letter each), a final norm and the LM head.
+
+One resident copy of the weights, sized by the budget it was loaded for. `forward` runs any budget that
+fits inside it by slicing prefixes of those weights (see budget.py); nothing is copied per budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .attention import AttentionWeights, KVCache, attention
+from .budget import Budget
+from .config import NemotronHConfig
+from .linear import block, linear, rms_norm
+from .mamba2 import MambaState, MambaWeights, mamba_mixer
+from .moe import MLPWeights, MoEWeights, mlp, moe
+
+
+@dataclass
+class Layer:
+    kind: str  # block letter
+    norm: torch.Tensor  # [D]
+    mixer: MambaWeights | AttentionWeights | MoEWeights | MLPWeights | None  # None: not resident (layer off)
+
+
+@dataclass
+class HybridCache:
+    """Per-sequence state of one budget: KV for attention layers, conv + SSM state for Mamba layers.
+    `lengths[b]` counts the tokens row b has consumed."""
+
+    budget: Budget
+    layers: list[KVCache | MambaState | None]
+    lengths: list[int] = field(default_factory=list)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.lengths)
+
+    @classmethod
+    def stack(cls, caches: list[HybridCache]) -> HybridCache:
+        """One batch from caches of the same budget whose rows may sit at different positions."""
+        budget = caches[0].budget
+        if any(c.budget != budget for c in caches):
+            raise ValueError("only caches of the same budget can be stacked")
+        layers: list[KVCache | MambaState | None] = []
+        for states in zip(*(c.layers for c in caches)):
+            first = states[0]
+            if isinstance(first, MambaState):
+                layers.append(MambaState(torch.cat([s.conv for s in states]), torch.cat([s.ssm for s in states])))
+            elif isinstance(first, KVCache):
+                n = max(s.k.shape[2] for s in states)
+                pad = [(0, 0, 0, n - s.k.shape[2]) for s in states]
+                layers.append(KVCache(torch.cat([F.pad(s.k, q) for s, q in zip(states, pad)]),
+                                      torch.cat([F.pad(s.v, q) for s, q in zip(states, pad)])))
+            else:
+                layers.append(None)
+        return cls(budget, layers, [n for c in caches for n in c.lengths])
+
+    def nbytes(self) -> int:
+        total = 0
+        for s in self.layers:
+            if isinstance(s, KVCache):
+                total += s.k.nbytes + s.v.nbytes
+            elif isinstance(s, MambaState):
+                total += s.conv.nbytes + s.ssm.nbytes
+        return total
+
+
+class NemotronH:
+    def __init__(self, cfg: NemotronHConfig, resident: Budget, embed: torch.Tensor, layers: list[Layer],
+                 norm_f: torch.Tensor, lm_head: torch.Tensor, prefill_chunk: int = 1024):
+        self.cfg, self.resident = cfg, resident
+        self.embed, self.layers, self.norm_f, self.lm_head = embed, layers, norm_f, lm_head
+        self.prefill_chunk = prefill_chunk
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    def _budget(self, budget: Budget | None) -> Budget:
+        if budget is None:
+            return self.resident
+        if not budget.fits_in(self.resident):
+            raise ValueError(f"budget {budget.name!r} is larger than the resident budget "
+                             f"{self.resident.name!r}; load the checkpoint with a larger budget")
+        return budget
+
+    def new_cache(self, batch_size: int = 1, budget: Budget | None = None) -> HybridCache:
+        b, cfg = self._budget(budget), self.cfg
+        G, p, N, K = cfg.n_groups, cfg.mamba_head_dim, cfg.ssm_state_size, cfg.conv_kernel
+        states: list[KVCache | MambaState | None] = []
+        for s in b.layers:
+            if s.kind == "M" and s.enabled:
+                conv = torch.zeros(batch_size, s.mamba_heads * p + 2 * G * N, K, dtype=self.dtype, device=self.device)
+                ssm = torch.zeros(batch_size, G, s.mamba_heads // G, p, N, dtype=torch.float32, device=self.device)
+                states.append(MambaState(conv, ssm))
+            elif s.kind == "*" and s.enabled:
+                shape = (batch_size, cfg.num_key_value_heads, 0, cfg.head_dim)
+                kv = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                states.append(KVCache(kv, kv.clone()))
+            else:
+                states.append(None)
+        return HybridCache(b, states, [0] * batch_size)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, budget: Budget | None = None, cache: HybridCache | None = None,
+                last_only: bool = False) -> torch.Tensor:
+        """Logits (float32) of `ids` [B, T]. With a cache, continues the cached sequences and advances them;
+        long inputs are prefilled in chunks of `prefill_chunk` tokens to bound activation memory."""
+        b = self._budget(budget if cache is None else cache.budget)
+        if cache is not None and budget is not None and budget != cache.budget:
+            raise ValueError(f"this cache belongs to budget {cache.budget.name!r}, not {budget.name!r}")
+        T = ids.shape[1]
+        if cache is None or T <= self.prefill_chunk:
+            return self._forward(ids, b, cache, last_only)
+        outs = [self._forward(ids[:, i:i + self.prefill_chunk], b, cache, last_only)
+                for i in range(0, T, self.prefill_chunk)]
+        return outs[-1] if last_only else torch.cat(outs, dim=1)
+
+    def _forward(self, ids: torch.Tensor, b: Budget, cache: HybridCache | None, last_only: bool) -> torch.Tensor:
+        cfg, d = self.cfg, b.hidden
+        eps = cfg.layer_norm_epsilon
+        start, lengths = 0, None
+        if cache is not None:
+            if len(set(cache.lengths)) == 1:
+                start = cache.lengths[0]
+            else:
+                lengths = torch.tensor(cache.lengths, device=ids.device)
+        h = torch.nn.functional.embedding(ids, self.embed[:, :d])
+        for i, (layer, s) in enumerate(zip(self.layers, b.layers)):
+            if not s.enabled:
+                continue
+            state = None if cache is None else cache.layers[i]
+            x = rms_norm(h, layer.norm[:d], eps)
+            if s.kind == "M":
+                x = mamba_mixer(x, layer.mixer, s.mamba_heads, cfg, state)
+            elif s.kind == "*":
+                x = attention(x, layer.mixer, s.attention_heads, cfg, state, start, lengths)
+            elif s.kind == "E":
+                x = moe(x, layer.mixer, s.experts, s.expert_channels, s.shared_channels, cfg)
+            else:
+                x = mlp(x, layer.mixer.up, layer.mixer.down, s.mlp_channels)
+            h = h + x
+        if cache is not None:
+            cache.lengths = [n + ids.shape[1] for n in cache.lengths]
+        if last_only:
+            h = h[:, -1:]
+        h = rms_norm(h, self.norm_f[:d], eps)
+        return linear(h, block(self.lm_head, 0, self.lm_head.shape[0], d)).float()

@@ -1,0 +1,67 @@
+"""Tiny random Nemotron-H checkpoints written by transformers (the independent oracle) in the hub layout."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+BASE = dict(
+    vocab_size=96, hidden_size=32, hybrid_override_pattern="M*E-ME", num_attention_heads=4,
+    num_key_value_heads=2, head_dim=8, intermediate_size=48, mamba_num_heads=8, mamba_head_dim=4,
+    n_groups=2, ssm_state_size=8, conv_kernel=4, chunk_size=4, n_routed_experts=8, num_experts_per_tok=2,
+    moe_intermediate_size=16, moe_shared_expert_intermediate_size=24, routed_scaling_factor=2.5,
+    norm_topk_prob=True, layer_norm_epsilon=1e-5,
+    # transformers clamps dt at time_step_min, the shipped model does not: make the clamp a no-op
+    time_step_min=1e-9,
+)
+
+
+def hf_config(**overrides):
+    from transformers import NemotronHConfig
+
+    kw = dict(BASE)
+    kw.update(overrides)
+    return NemotronHConfig(**kw)
+
+
+def randomize(model, seed: int = 0) -> None:
+    """Give every parameter a scale where each block matters and routing varies from token to token."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.log(torch.empty(p.shape).uniform_(1, 8, generator=g)))
+            elif name.endswith("dt_bias"):
+                p.copy_(torch.empty(p.shape).uniform_(-3, 0.5, generator=g))
+            elif name.endswith(".D"):
+                p.copy_(torch.randn(p.shape, generator=g))
+            elif "norm" in name:
+                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
+            elif "conv1d" in name:
+                p.copy_(0.4 * torch.randn(p.shape, generator=g))
+            elif name.endswith("gate.weight"):
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+            else:
+                fan_in = p.shape[-1]
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(fan_in))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.3 * torch.randn(b.shape, generator=g))
+
+
+def make_checkpoint(path: Path, seed: int = 0, **overrides):
+    """Write a random checkpoint with transformers' save_pretrained; returns the transformers model."""
+    from transformers import NemotronHForCausalLM
+
+    torch.manual_seed(seed)
+    model = NemotronHForCausalLM(hf_config(**overrides)).eval()
+    randomize(model, seed)
+    model.save_pretrained(path)
+    return model
+
+
+def hf_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids).logits.float()
