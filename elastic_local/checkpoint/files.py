@@ -23,6 +23,7 @@ class TensorInfo:
     key: str  # name inside the file
     dtype: str  # safetensors dtype: BF16, F32, F8_E4M3, U8, ...
     shape: tuple[int, ...]
+    row: int | None = None  # one entry of a stacked tensor (transformers stacks experts as [E, ...])
 
     @property
     def nbytes(self) -> int:
@@ -119,6 +120,13 @@ class Reader:
         one). Index tensors are read as contiguous runs, so only the selected bytes leave the disk."""
         sl = self.slice(name)
         ix = [slice(0, i) if isinstance(i, int) else i for i in index]
+        row = self.tensors[name].row
+        if row is not None:
+            return self._read(sl, [slice(row, row + 1), *ix])[0]
+        return self._read(sl, ix)
+
+    @staticmethod
+    def _read(sl, ix: list) -> torch.Tensor:
         picked = [j for j, i in enumerate(ix) if isinstance(i, torch.Tensor)]
         if not picked:
             return sl[tuple(ix)]

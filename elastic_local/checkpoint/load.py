@@ -72,7 +72,7 @@ def _stacked_experts(tensors: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
             proj = name.rsplit(".", 1)[1]
             for j in range(info.shape[0]):
                 out[f"{name.rsplit('.', 1)[0]}.{j}.{proj}.weight"] = TensorInfo(info.file, info.key, info.dtype,
-                                                                                info.shape[1:])
+                                                                                info.shape[1:], row=j)
     return out
 
 

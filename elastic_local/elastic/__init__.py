@@ -1,0 +1,1 @@
+"""Elastic budgets: importance, nesting and slicing (see SPEC §2, §4)."""

@@ -1,0 +1,312 @@
+"""Fit planning: which (budget, precision) fits a machine, and what every candidate would cost.
+
+Pure arithmetic on numbers the caller supplies (no checkpoint IO): a hardware `Profile`, one `ArchShape`
+per budget (budgets shrink axes, so shapes differ), and `WeightOption`s holding the *exact* weight bytes
+of each (budget, precision) from the checkpoint header and budget table. Every MoE expert of a budget is
+resident, so weight bytes are the whole budget, not the active part.
+
+Memory of a candidate (all in bytes):
+
+    total = weights + kv + state + workspace + overhead + margin
+    kv        = caches x batch x 2 (K and V) x attn_layers x kv_heads x head_dim x context x kv_dtype
+    state     = caches x batch x mamba_layers x (conv_len x conv_dim x conv_dtype
+                                                 + mamba_heads x mamba_head_dim x ssm_state x 4)   # ssm fp32
+    workspace = see `ArchShape.workspace_bytes` (one prefill chunk through the widest layer, the logits
+                of the chunk, and one dequantized weight matrix when fp8/nvfp4 is not native)
+    overhead  = CUDA context (500 MiB) on a GPU, the python + torch process (384 MiB) on a CPU, both on a
+                unified-memory device
+    margin    = max(1 GiB, 5% of available), overridable
+
+`caches` is 2 by default because chat keeps a think cache and an answer cache (SPEC section 7); each is
+sized with the candidate's shape, an upper bound for a smaller think budget. Available memory is the
+profile's memory minus its reserved bytes (for the live machine: free memory now, other processes
+counted).
+
+Choice: budgets are ranked largest first (by the bytes of their bf16 option when every budget has one,
+else in the order given); the pick is the first budget with any fitting option, at the best-quality
+precision that fits: bf16 > fp8 > nvfp4, a stored file before a load-time quantization of the same
+precision. A precision the hardware cannot compute natively still counts: it runs by dequantizing, which
+the candidate's note says (23B NVFP4 beats 12B BF16, SPEC section 6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+from .profiles import GIB, MIB, Profile
+
+PRECISIONS = ("bf16", "fp8", "nvfp4")  # best quality first
+SOURCES = ("stored", "load-time quantization")  # preferred first
+CUDA_CONTEXT_BYTES = 500 * MIB  # CUDA context + cuBLAS workspace + allocator slack, per GPU process
+CPU_RUNTIME_BYTES = 384 * MIB  # python + torch 2.13 CPU measured ~230 MiB RSS, plus tokenizer and app
+MIN_MARGIN_BYTES = GIB  # llama.cpp --fit keeps 1 GiB free by default
+MARGIN_FRACTION = 0.05
+
+
+@dataclass(frozen=True)
+class ArchShape:
+    """Sizes of one budget that drive cache and workspace memory (Nemotron-H names in comments)."""
+
+    hidden_size: int
+    vocab_size: int
+    attn_layers: int  # '*' blocks
+    attn_heads: int  # query heads (num_attention_heads)
+    kv_heads: int  # num_key_value_heads
+    head_dim: int
+    mamba_layers: int  # 'M' blocks
+    mamba_heads: int  # mamba_num_heads
+    mamba_head_dim: int
+    ssm_state: int  # ssm_state_size
+    conv_dim: int  # d_inner + 2 * n_groups * ssm_state: the channels the conv1d sees (xBC)
+    conv_kernel: int
+    mamba_chunk: int = 128  # SSD chunk length of the chunked scan
+    n_experts: int = 0  # routed experts resident in this budget ('E' blocks)
+    moe_topk: int = 0
+    moe_intermediate: int = 0
+    shared_intermediate: int = 0  # the shared expert's intermediate size
+    mlp_intermediate: int = 0  # dense '-' blocks
+
+    @property
+    def d_inner(self) -> int:
+        return self.mamba_heads * self.mamba_head_dim
+
+    def kv_bytes(self, context: int, dtype_bytes: int = 2) -> int:
+        """One sequence's KV cache for `context` tokens: K and V of every attention layer."""
+        return 2 * self.attn_layers * self.kv_heads * self.head_dim * context * dtype_bytes
+
+    def state_bytes(self, conv_len: int | None = None, conv_dtype_bytes: int = 4) -> int:
+        """One sequence's Mamba state, constant in context: conv window + fp32 SSM state per layer.
+
+        conv_len defaults to conv_kernel (the last K inputs, SPEC section 3); vLLM keeps conv_kernel - 1.
+        """
+        conv = (self.conv_kernel if conv_len is None else conv_len) * self.conv_dim * conv_dtype_bytes
+        ssm = self.mamba_heads * self.mamba_head_dim * self.ssm_state * 4
+        return self.mamba_layers * (conv + ssm)
+
+    def largest_linear(self) -> int:
+        """Elements of the largest quantizable weight matrix (lm_head and embeddings stay high precision)."""
+        h = self.hidden_size
+        return max(
+            h * (self.d_inner + self.conv_dim + self.mamba_heads),  # Mamba in_proj: z | xBC | dt
+            h * self.attn_heads * self.head_dim,  # q_proj / o_proj
+            h * self.moe_intermediate, h * self.shared_intermediate, h * self.mlp_intermediate,
+        )
+
+    def workspace_bytes(self, tokens: int, logits_tokens: int, act_bytes: int = 2,
+                        dequant: bool = False) -> int:
+        """Peak activation memory of one prefill chunk of `tokens` (batch folded in), one layer at a time.
+
+        Per token, the residual stream (act) plus its fp32 RMSNorm output and fp32 mixer output, plus the
+        widest mixer's intermediates:
+          mamba: in_proj out (d_inner + conv_dim + heads), conv out (conv_dim), y and gated y (2 d_inner)
+                 in fp32; the SSD scan's decay matrix and its C.B-weighted twin (2 x heads x chunk, fp32)
+                 and the per-chunk states (heads x head_dim x state / chunk, fp32)
+          moe:   router scores (n_experts, fp32); per routed slot the gathered input and the output
+                 (2 hidden) and up and activated (2 moe_intermediate); shared expert (2 shared) in act
+          attn:  q, k, v and output ((2 attn_heads + 2 kv_heads) x head_dim) in act; a fused SDPA kernel
+                 (flash / memory-efficient / CPU flash) is assumed: no tokens x context score matrix
+          mlp:   up and activated (2 mlp_intermediate) in act
+        Plus the logits of `logits_tokens` positions, lm_head output and its fp32 copy (vocab x (act + 4)),
+        plus, when the precision is not native, one dequantized weight matrix in bf16.
+        """
+        a = act_bytes
+        stream = self.hidden_size * (a + 4 + 4)
+        mamba = 4 * (self.d_inner + self.conv_dim + self.mamba_heads + self.conv_dim + 2 * self.d_inner)
+        mamba += 4 * 2 * self.mamba_heads * self.mamba_chunk
+        mamba += 4 * self.mamba_heads * self.mamba_head_dim * self.ssm_state // self.mamba_chunk
+        moe = 4 * self.n_experts + a * (self.moe_topk * (2 * self.hidden_size + 2 * self.moe_intermediate)
+                                        + 2 * self.shared_intermediate)
+        attn = a * (2 * self.attn_heads + 2 * self.kv_heads) * self.head_dim
+        mlp = a * 2 * self.mlp_intermediate
+        per_token = stream + max(mamba if self.mamba_layers else 0, moe, attn if self.attn_layers else 0, mlp)
+        logits = logits_tokens * self.vocab_size * (a + 4)
+        return tokens * per_token + logits + (2 * self.largest_linear() if dequant else 0)
+
+
+@dataclass(frozen=True)
+class WeightOption:
+    """One loadable form of a budget: exact bytes resident, and bytes read per decoded token."""
+
+    budget: str
+    precision: str  # "bf16" | "fp8" | "nvfp4"
+    weights_bytes: int
+    active_bytes: int  # weights read per decoded token (active experts only): sets the decode ceiling
+    source: str = "stored"  # "stored" | "load-time quantization"
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.source not in SOURCES:
+            raise ValueError(f"source must be one of {SOURCES}, got {self.source!r}")
+        if self.weights_bytes <= 0 or self.active_bytes <= 0:
+            raise ValueError(f"{self.budget} {self.precision}: weight bytes must be positive")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the plan must hold besides weights. Defaults: one chat (think + answer caches) at 32K."""
+
+    context: int = 32768  # tokens per sequence the KV cache holds
+    batch: int = 1
+    caches: int = 2  # hybrid caches kept per sequence: chat keeps a think and an answer cache
+    prefill_chunk: int = 512  # tokens per prefill step (llama.cpp's default micro-batch)
+    logits_tokens: int | None = None  # positions whose logits a prefill step computes; None = the chunk
+    kv_dtype_bytes: int = 2  # bf16 KV; 1 for an FP8 KV cache
+    conv_dtype_bytes: int = 4  # conv state in fp32 (SPEC section 3)
+    conv_len: int | None = None  # conv inputs kept per layer; None = conv_kernel
+    act_bytes: int = 2  # activation dtype: bf16
+    margin_bytes: int | None = None  # None = max(1 GiB, 5% of available)
+    overhead_bytes: int | None = None  # None = by device kind (see module docstring)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    budget: str
+    precision: str
+    source: str
+    weights_bytes: int
+    kv_bytes: int
+    state_bytes: int
+    workspace_bytes: int
+    overhead_bytes: int
+    margin_bytes: int
+    total_bytes: int
+    fits: bool
+    native: bool  # computes in its own precision; False: runs by dequantizing (or bf16 via fp16/fp32)
+    decode_tps_ceiling: float | None  # bandwidth / active bytes: weights only, an upper bound
+    reason: str  # why it does not fit; "" when it fits
+    note: str  # how it computes on this hardware
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Plan:
+    candidates: list[Candidate]
+    pick: Candidate | None
+    available_bytes: int
+    profile: Profile
+    workload: Workload
+
+    def to_dict(self) -> dict:
+        pick = self.pick
+        return {
+            "profile": self.profile.to_dict(),
+            "workload": asdict(self.workload),
+            "available_bytes": self.available_bytes,
+            "candidates": [c.to_dict() for c in self.candidates],
+            "pick": None if pick is None else
+            {"budget": pick.budget, "precision": pick.precision, "total_bytes": pick.total_bytes},
+        }
+
+
+def compute_gate(profile: Profile, precision: str) -> tuple[bool, str]:
+    """(native, note): whether this hardware computes `precision` natively, and what happens if not.
+
+    CUDA: bf16 needs sm_80+, fp8 sm_89+ (torch._scaled_mm), nvfp4 sm_100/sm_120 (Blackwell block-scaled
+    GEMM). CPU: torch does bf16 and fp8 matmuls; nvfp4 must be dequantized (SPEC section 5).
+    """
+    cc = profile.compute_capability
+    if profile.kind == "cpu" or cc is None:
+        if precision == "nvfp4":
+            return False, "runs by dequantizing nvfp4 to bf16 on the CPU (memory saving, no speed-up)"
+        return True, f"{precision} matmuls in torch on the CPU"
+    sm = profile.sm
+    if precision == "bf16":
+        if cc >= (8, 0):
+            return True, f"native bf16 on {sm}"
+        return False, f"{sm} has no bf16 compute (needs sm_80+): computes in fp16 or fp32"
+    need, needs = ((8, 9), "sm_89+") if precision == "fp8" else ((10, 0), "sm_100/sm_120")
+    if cc >= need:
+        return True, f"native {precision} on {sm}"
+    to = "bf16" if cc >= (8, 0) else "fp16"
+    return False, f"runs by dequantizing {precision} to {to} on {sm} (native: {needs}); saves memory only"
+
+
+def default_overhead(profile: Profile) -> int:
+    return {"cuda": CUDA_CONTEXT_BYTES, "cpu": CPU_RUNTIME_BYTES,
+            "unified": CUDA_CONTEXT_BYTES + CPU_RUNTIME_BYTES}[profile.kind]
+
+
+def default_margin(available_bytes: int) -> int:
+    return max(MIN_MARGIN_BYTES, int(MARGIN_FRACTION * available_bytes))
+
+
+def rank_budgets(options: Sequence[WeightOption]) -> list[str]:
+    """Budgets largest first: by bf16 weight bytes when every budget has a bf16 option, else as given."""
+    order = list(dict.fromkeys(o.budget for o in options))
+    bf16 = {o.budget: o.weights_bytes for o in options if o.precision == "bf16"}
+    if set(bf16) == set(order):
+        order.sort(key=lambda b: -bf16[b])
+    return order
+
+
+def _candidate(profile: Profile, shape: ArchShape, o: WeightOption, w: Workload, available: int,
+               overhead: int, margin: int) -> Candidate:
+    native, note = compute_gate(profile, o.precision)
+    kv = w.caches * w.batch * shape.kv_bytes(w.context, w.kv_dtype_bytes)
+    state = w.caches * w.batch * shape.state_bytes(w.conv_len, w.conv_dtype_bytes)
+    tokens = w.batch * w.prefill_chunk
+    logits = w.batch * (w.prefill_chunk if w.logits_tokens is None else w.logits_tokens)
+    work = shape.workspace_bytes(tokens, logits, w.act_bytes, dequant=not native and o.precision != "bf16")
+    total = o.weights_bytes + kv + state + work + overhead + margin
+    fits = total <= available
+    reason = "" if fits else (f"needs {total / GIB:.2f} GiB, {(total - available) / GIB:.2f} GiB more than "
+                              f"the {available / GIB:.2f} GiB available")
+    bw = profile.memory_bandwidth_gbps
+    return Candidate(
+        budget=o.budget, precision=o.precision, source=o.source, weights_bytes=o.weights_bytes, kv_bytes=kv,
+        state_bytes=state, workspace_bytes=work, overhead_bytes=overhead, margin_bytes=margin,
+        total_bytes=total, fits=fits, native=native,
+        decode_tps_ceiling=None if not bw else bw * 1e9 / o.active_bytes, reason=reason, note=note,
+    )
+
+
+def plan(profile: Profile, shapes: Mapping[str, ArchShape], options: Sequence[WeightOption],
+         workload: Workload = Workload()) -> Plan:
+    """Cost every option on `profile` and pick the largest budget that fits at its best precision."""
+    missing = sorted({o.budget for o in options} - set(shapes))
+    if missing:
+        raise KeyError(f"no ArchShape for budget(s) {', '.join(missing)}")
+    available = profile.available_bytes
+    overhead = default_overhead(profile) if workload.overhead_bytes is None else workload.overhead_bytes
+    margin = default_margin(available) if workload.margin_bytes is None else workload.margin_bytes
+    rank = {b: i for i, b in enumerate(rank_budgets(options))}
+    ordered = sorted(options, key=lambda o: (rank[o.budget], PRECISIONS.index(o.precision),
+                                             SOURCES.index(o.source)))
+    cands = [_candidate(profile, shapes[o.budget], o, workload, available, overhead, margin) for o in ordered]
+    pick = next((c for c in cands if c.fits), None)  # ordered: largest budget, then best precision
+    return Plan(candidates=cands, pick=pick, available_bytes=available, profile=profile, workload=workload)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f}"
+
+
+def render_plan(p: Plan) -> str:
+    """The plan as a plain-text table for a terminal: memory breakdown in GiB, '*' marks the pick."""
+    prof, w = p.profile, p.workload
+    head = (f"{prof.name}: {prof.description} [{prof.kind}{', ' + prof.sm if prof.sm else ''}]\n"
+            f"memory {_gib(prof.memory_bytes)} GiB - reserved {_gib(prof.reserved_bytes)} GiB = "
+            f"{_gib(p.available_bytes)} GiB available; context {w.context} x batch {w.batch} x "
+            f"{w.caches} caches, prefill chunk {w.prefill_chunk}")
+    cols = ("", "budget", "precision", "weights", "kv", "state", "work", "runtime", "margin", "total",
+            "fits", "tok/s<=", "note")
+    rows = [cols]
+    for c in p.candidates:
+        tps = "-" if c.decode_tps_ceiling is None else f"{c.decode_tps_ceiling:.0f}"
+        note = c.note if c.source == "stored" else f"{c.source}; {c.note}"
+        sizes = (c.weights_bytes, c.kv_bytes, c.state_bytes, c.workspace_bytes, c.overhead_bytes,
+                 c.margin_bytes, c.total_bytes)
+        rows.append(("*" if c is p.pick else "", c.budget, c.precision, *map(_gib, sizes),
+                     "yes" if c.fits else "no", tps, note))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+    left = {1, 2, 10, 12}  # text columns; numbers align right
+    lines = [" ".join(v.ljust(widths[i]) if i in left else v.rjust(widths[i]) for i, v in enumerate(r))
+             .rstrip() for r in rows]
+    c = p.pick
+    tail = ("pick: none fits; try a shorter context or a smaller precision" if c is None else
+            f"pick: {c.budget} {c.precision}: {_gib(c.total_bytes)} of {_gib(p.available_bytes)} GiB")
+    return "\n".join([head, "sizes in GiB", *lines, tail])
