@@ -136,5 +136,5 @@ def test_unknown_budget_is_reported(tiny):
 
 def test_directory_without_weights_is_reported(tiny, tmp_path):
     (tmp_path / "config.json").write_text((tiny[0] / "config.json").read_text())
-    with pytest.raises(CheckpointError, match="no \\*.safetensors weights"):
+    with pytest.raises(CheckpointError, match="no model\\*.safetensors weights"):
         elastic_local.load(tmp_path)

@@ -65,3 +65,10 @@ def make_checkpoint(path: Path, seed: int = 0, **overrides):
 def hf_logits(model, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return model(ids).logits.float()
+
+
+# 16-aligned sizes, so every budget cut is a whole NVFP4 block (Mamba: 8-wide heads x 2 groups per rank)
+ALIGNED = dict(hidden_size=64, mamba_num_heads=8, mamba_head_dim=8, n_groups=2, ssm_state_size=8,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
+               n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+               moe_shared_expert_intermediate_size=48, hybrid_override_pattern="M*EM-ME")

@@ -71,9 +71,9 @@ def weight_files(path: Path) -> list[Path]:
             raise CheckpointError(f"{index} lists {missing[0].name}, which is missing from {path}; "
                                   "download every shard")
         return files
-    files = sorted(path.glob("*.safetensors"))
+    files = sorted(path.glob("model*.safetensors"))
     if not files:
-        raise CheckpointError(f"{path}: no *.safetensors weights (a config-only directory can be planned "
+        raise CheckpointError(f"{path}: no model*.safetensors weights (a config-only directory can be planned "
                               "with `elastic-local fit`, not loaded)")
     return files
 

@@ -9,6 +9,7 @@ the way in (model/layout.py); the file keeps the hub layout every other loader e
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -23,6 +24,32 @@ from ..model.nemotron_h import Layer, NemotronH
 from .files import CheckpointError, Reader, TensorInfo, index_tensors
 
 Progress = Callable[[int, int, str], None]  # (done, total, what)
+
+
+BLOCK_TYPES = {"M": "mamba", "*": "attention", "E": "moe", "-": "mlp"}
+
+
+def stored_budget(cfg: NemotronHConfig) -> Budget:
+    """The sizes the file stores: the config's own, or per layer from `block_configs` (a heterogeneous
+    slice, after the convention of NVIDIA's Puzzle checkpoints)."""
+    blocks = cfg.raw.get("block_configs")
+    if not blocks:
+        return Budget.full(cfg)
+    if len(blocks) != cfg.num_layers:
+        raise CheckpointError(f"config.json: block_configs has {len(blocks)} entries for {cfg.num_layers} layers")
+    layers = []
+    for i, (kind, bc) in enumerate(zip(cfg.pattern, blocks)):
+        if bc.get("block_type") != BLOCK_TYPES[kind]:
+            raise CheckpointError(f"config.json: block_configs[{i}] is {bc.get('block_type')!r}, the pattern says "
+                                  f"{BLOCK_TYPES[kind]!r}")
+        full = Budget.full(cfg).layers[i]
+        layers.append(replace(full, mamba_heads=bc.get("mamba_num_heads", full.mamba_heads),
+                              attention_heads=bc.get("num_attention_heads", full.attention_heads),
+                              experts=bc.get("n_routed_experts", full.experts),
+                              expert_channels=bc.get("moe_intermediate_size", full.expert_channels),
+                              shared_channels=bc.get("moe_shared_expert_intermediate_size", full.shared_channels),
+                              mlp_channels=bc.get("intermediate_size", full.mlp_channels)))
+    return Budget("stored", cfg.hidden_size, tuple(layers))
 
 
 def expected_shapes(cfg: NemotronHConfig, stored: Budget) -> dict[str, tuple[int, ...]]:
@@ -63,7 +90,7 @@ def expected_shapes(cfg: NemotronHConfig, stored: Budget) -> dict[str, tuple[int
     return out
 
 
-def _stacked_experts(tensors: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
+def unstack_experts(tensors: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
     """transformers' renamed layout stacks experts ([E, I, D]); view each expert as its own entry."""
     out = dict(tensors)
     for name, info in tensors.items():
@@ -74,6 +101,11 @@ def _stacked_experts(tensors: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
                 out[f"{name.rsplit('.', 1)[0]}.{j}.{proj}.weight"] = TensorInfo(info.file, info.key, info.dtype,
                                                                                 info.shape[1:], row=j)
     return out
+
+
+def checkpoint_tensors(path: str | Path) -> dict[str, TensorInfo]:
+    """Every tensor of a checkpoint directory under its canonical hub name, one entry per expert."""
+    return unstack_experts(index_tensors(path))
 
 
 def check_tensors(path: Path, tensors: dict[str, TensorInfo], expected: dict[str, tuple[int, ...]]) -> None:
@@ -101,12 +133,12 @@ def load_network(path: str | Path, resident: Budget | None = None, stored: Budge
     """Read the weights of `resident` (default: everything stored) into a NemotronH on `device`."""
     path = Path(path)
     cfg = NemotronHConfig.from_dir(path)
-    stored = stored or Budget.full(cfg)
+    stored = stored or stored_budget(cfg)
     resident = resident or stored
     check_budget(cfg, resident)
     if not resident.fits_in(stored):
         raise CheckpointError(f"{path}: budget {resident.name!r} is larger than what the file stores")
-    tensors = _stacked_experts(index_tensors(path))
+    tensors = checkpoint_tensors(path)
     check_tensors(path, tensors, expected_shapes(cfg, stored))
     reader = Reader(tensors)
 

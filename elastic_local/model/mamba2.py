@@ -11,6 +11,7 @@ A = -exp(A_log); h_t = exp(dt A) h_{t-1} + dt x_t B_t; y = C.h + D x; out = out_
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -49,7 +50,8 @@ def _group_norm(h: torch.Tensor, weight: torch.Tensor, G: int, p: int, eps: floa
     return weight * v.reshape(h.shape)
 
 
-def mamba_mixer(x: torch.Tensor, w: MambaWeights, heads: int, cfg, state: MambaState | None) -> torch.Tensor:
+def mamba_mixer(x: torch.Tensor, w: MambaWeights, heads: int, cfg, state: MambaState | None,
+                observe: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
     """One Mamba2 mixer with `heads` active heads (a multiple of G); x's width is the active hidden size."""
     bsz, T, d = x.shape
     G, N, p = cfg.n_groups, cfg.ssm_state_size, cfg.mamba_head_dim
@@ -90,4 +92,6 @@ def mamba_mixer(x: torch.Tensor, w: MambaWeights, heads: int, cfg, state: MambaS
             state.ssm.copy_(final)
     y = (y + D[..., None] * xs).transpose(2, 3).reshape(bsz, T, k * p)
     y = _group_norm(y * F.silu(z.float()), w.norm[: k * p].float(), G, p, cfg.layer_norm_epsilon)
+    if observe is not None:
+        observe(y)
     return linear(y.to(x.dtype), block(w.out_proj, 0, d, k * p))

@@ -7,7 +7,9 @@ fits inside it by slicing prefixes of those weights (see budget.py); nothing is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +20,8 @@ from .config import NemotronHConfig
 from .linear import block, linear, rms_norm
 from .mamba2 import MambaState, MambaWeights, mamba_mixer
 from .moe import MLPWeights, MoEWeights, mlp, moe
+
+Observer = Callable[[int, str, torch.Tensor], None]
 
 
 @dataclass
@@ -76,6 +80,9 @@ class NemotronH:
         self.cfg, self.resident = cfg, resident
         self.embed, self.layers, self.norm_f, self.lm_head = embed, layers, norm_f, lm_head
         self.prefill_chunk = prefill_chunk
+        # observer(layer, what, tensor): sees each block's normed input ("input") and each Mamba layer's
+        # per-head output before out_proj ("mamba_y"); importance scoring uses it, inference leaves it None
+        self.observer: Observer | None = None
 
     @property
     def device(self) -> torch.device:
@@ -140,8 +147,11 @@ class NemotronH:
                 continue
             state = None if cache is None else cache.layers[i]
             x = rms_norm(h, layer.norm[:d], eps)
+            if self.observer is not None:
+                self.observer(i, "input", x)
             if s.kind == "M":
-                x = mamba_mixer(x, layer.mixer, s.mamba_heads, cfg, state)
+                obs = None if self.observer is None else partial(self.observer, i, "mamba_y")
+                x = mamba_mixer(x, layer.mixer, s.mamba_heads, cfg, state, obs)
             elif s.kind == "*":
                 x = attention(x, layer.mixer, s.attention_heads, cfg, state, start, lengths)
             elif s.kind == "E":

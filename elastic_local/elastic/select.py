@@ -1,0 +1,106 @@
+"""Writing a checkpoint as a selection of another's channels, heads, experts and layers.
+
+Nesting and slicing are the same operation seen twice: nesting selects *every* unit in importance
+order (a function-preserving permutation), slicing selects a budget's *prefix* of units (a smaller
+model). A Selection says, for each output position, which source unit it takes, and `select_tensors`
+streams the resulting tensors in the hub layout, one at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ..checkpoint.files import Reader
+from ..model.config import NemotronHConfig
+from ..model.layout import head_channels
+
+
+@dataclass
+class LayerSelection:
+    source: int  # the source layer this output layer comes from
+    heads: torch.Tensor | None = None  # M: Mamba heads; *: query heads (source indices, group-major)
+    experts: torch.Tensor | None = None  # E: source experts
+    channels: list[torch.Tensor] | torch.Tensor | None = None  # E: per output expert; -: MLP channels
+    shared: torch.Tensor | None = None  # E: shared expert channels
+
+
+@dataclass
+class Selection:
+    hidden: torch.Tensor  # source embedding channel of each output channel
+    layers: list[LayerSelection]  # output layers, in order (dropped layers are absent)
+
+
+def _prefix_len(idx: torch.Tensor) -> int | None:
+    n = idx.numel()
+    return n if torch.equal(idx, torch.arange(n)) else None
+
+
+def _take(reader: Reader, name: str, rows: torch.Tensor | int | None, cols: torch.Tensor | None = None) -> torch.Tensor:
+    """tensor[rows][:, cols], reading contiguous prefixes as slices and only the needed bytes."""
+    info = reader.info(name)
+    rows = info.shape[0] if rows is None else rows
+    if isinstance(rows, torch.Tensor) and (n := _prefix_len(rows)) is not None:
+        rows = n
+    if cols is None:
+        return reader.read(name, rows)
+    n = _prefix_len(cols)
+    if n is not None:
+        return reader.read(name, rows, n)
+    if isinstance(rows, int):
+        return reader.read(name, rows, cols)
+    return reader.read(name, rows).index_select(1, cols)
+
+
+def select_tensors(cfg: NemotronHConfig, reader: Reader, sel: Selection,
+                   stored_heads: list[int | None]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(hub name, tensor) of the selected checkpoint. `stored_heads[i]` is the number of Mamba or query
+    heads source layer i stores (they fix where the x, B, C and dt rows of in_proj begin)."""
+    P = sel.hidden
+    V = cfg.vocab_size
+    G, N, p, hd = cfg.n_groups, cfg.ssm_state_size, cfg.mamba_head_dim, cfg.head_dim
+    yield "backbone.embeddings.weight", _take(reader, "embeddings.weight", V, P)
+    for j, ls in enumerate(sel.layers):
+        src, out = f"layers.{ls.source}.", f"backbone.layers.{j}."
+        kind = cfg.pattern[ls.source]
+        yield out + "norm.weight", _take(reader, src + "norm.weight", P)
+        m, o = src + "mixer.", out + "mixer."
+        if kind == "M":
+            n = stored_heads[ls.source]
+            ch = head_channels(ls.heads, p)
+            bc = torch.arange(2 * n * p, 2 * n * p + 2 * G * N)
+            rows = torch.cat([ch, n * p + ch, bc, 2 * n * p + 2 * G * N + ls.heads])
+            conv_rows = torch.cat([ch, bc - n * p])
+            yield o + "in_proj.weight", _take(reader, m + "in_proj.weight", rows, P)
+            yield o + "conv1d.weight", _take(reader, m + "conv1d.weight", conv_rows)
+            if cfg.use_conv_bias:
+                yield o + "conv1d.bias", _take(reader, m + "conv1d.bias", conv_rows)
+            for name in ("dt_bias", "A_log", "D"):
+                yield o + name, _take(reader, m + name, ls.heads)
+            yield o + "norm.weight", _take(reader, m + "norm.weight", ch)
+            yield o + "out_proj.weight", _take(reader, m + "out_proj.weight", P, ch)
+        elif kind == "*":
+            ch = head_channels(ls.heads, hd)
+            yield o + "q_proj.weight", _take(reader, m + "q_proj.weight", ch, P)
+            yield o + "k_proj.weight", _take(reader, m + "k_proj.weight", None, P)
+            yield o + "v_proj.weight", _take(reader, m + "v_proj.weight", None, P)
+            yield o + "o_proj.weight", _take(reader, m + "o_proj.weight", P, ch)
+        elif kind == "E":
+            yield o + "gate.weight", _take(reader, m + "gate.weight", ls.experts, P)
+            yield o + "gate.e_score_correction_bias", _take(reader, m + "gate.e_score_correction_bias", ls.experts)
+            for e_out, e_src in enumerate(ls.experts.tolist()):
+                c = ls.channels[e_out]
+                yield o + f"experts.{e_out}.up_proj.weight", _take(reader, m + f"experts.{e_src}.up_proj.weight", c, P)
+                yield o + f"experts.{e_out}.down_proj.weight", _take(reader, m + f"experts.{e_src}.down_proj.weight",
+                                                                     P, c)
+            yield o + "shared_experts.up_proj.weight", _take(reader, m + "shared_experts.up_proj.weight", ls.shared, P)
+            yield o + "shared_experts.down_proj.weight", _take(reader, m + "shared_experts.down_proj.weight",
+                                                               P, ls.shared)
+        else:
+            yield o + "up_proj.weight", _take(reader, m + "up_proj.weight", ls.channels, P)
+            yield o + "down_proj.weight", _take(reader, m + "down_proj.weight", P, ls.channels)
+    yield "backbone.norm_f.weight", _take(reader, "norm_f.weight", P)
+    if not cfg.tie_word_embeddings:
+        yield "lm_head.weight", _take(reader, "lm_head.weight", V, P)

@@ -1,0 +1,67 @@
+"""Per-tensor FP8 (E4M3) in NVIDIA Model Optimizer's layout, bit-exact with modelopt.
+
+`weight` is float8_e4m3fn and `weight_scale` = amax / 448 in fp32, what modelopt's HF export writes.
+modelopt computes the codes as `(w / weight_scale).to(float8_e4m3fn)`, which for bf16/fp16 weights
+divides in the weight's dtype and so rounds twice; on CUDA torch even rounds the fp32 scale to bf16
+first. We divide in fp32 and round through the weight's dtype: modelopt-on-CPU's codes, on any device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from .linear import QuantizedWeight, finite_amax
+
+E4M3_MAX = 448.0
+
+
+def quantize_fp8(w: Tensor, name: str = "weight") -> FP8Weight:
+    """Quantize a [out, in] weight with one fp32 scale."""
+    scale = finite_amax(w, name).float() / E4M3_MAX
+    if scale == 0:  # all-zero weight: modelopt would compute 0/0; store exact zeros instead
+        return FP8Weight(torch.zeros_like(w, dtype=torch.float8_e4m3fn), scale)
+    return FP8Weight((w.float() / scale).to(w.dtype).to(torch.float8_e4m3fn), scale)
+
+
+def dequantize_fp8(weight: Tensor, weight_scale: Tensor, dtype: torch.dtype) -> Tensor:
+    """One fp32 product per element, rounded once to `dtype`, looked up in a 256-entry table
+    (torch's elementwise e4m3 cast is several times slower on CPUs)."""
+    e4m3 = torch.arange(256, dtype=torch.uint8, device=weight.device).view(torch.float8_e4m3fn)
+    table = (e4m3.float() * weight_scale).to(dtype)
+    return table.index_select(0, weight.view(torch.uint8).flatten().int()).view(weight.shape)
+
+
+@dataclass(eq=False)
+class FP8Weight(QuantizedWeight):
+    weight: Tensor  # float8_e4m3fn [out, in]
+    weight_scale: Tensor  # fp32 scalar
+    input_scale: Tensor | None = None  # fp32 scalar: calibrated activation amax / 448
+
+    fast_kernel: ClassVar[str] = "scaled_mm_fp8"
+    min_capability: ClassVar[tuple[int, int]] = (8, 9)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.weight.shape
+
+    def _slice(self, r0: int, r1: int, cols: int) -> FP8Weight:
+        return FP8Weight(self.weight[r0:r1, :cols], self.weight_scale, self.input_scale)
+
+    def _dequantize_rows(self, r0: int, r1: int, dtype: torch.dtype) -> Tensor:
+        return dequantize_fp8(self.weight[r0:r1], self.weight_scale, dtype)
+
+    def _kernel_fits(self) -> bool:
+        out, k = self.shape
+        return out % 16 == 0 and k % 16 == 0
+
+    def _fast_linear(self, x: Tensor) -> Tensor:
+        # Per-tensor activation scale: the calibrated one, else this batch's amax.
+        scale = self.input_scale
+        if scale is None:
+            scale = (x.abs().amax().float() / E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+        xq = (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+        return torch._scaled_mm(xq, self.weight.t(), scale_a=scale, scale_b=self.weight_scale, out_dtype=x.dtype)

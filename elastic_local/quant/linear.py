@@ -1,0 +1,113 @@
+"""Runtime for quantized Linear weights: the packed bytes stay resident, each matmul picks its path.
+
+FP8 runs on `torch._scaled_mm` on compute capability 8.9+, NVFP4 on torch's block-scaled `_scaled_mm`
+on Blackwell (10.0+). Everything else (CPUs, older GPUs) dequantizes a tile of output rows at a time
+inside the matmul: the memory saving stays, the speed-up does not, and no full-precision copy of the
+weight is ever held. Elastic sub-models cut prefix blocks out of the packed tensors as views.
+"""
+
+from __future__ import annotations
+
+import functools
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+TILE_ELEMENTS = 1 << 22  # weight elements dequantized at once on the fallback path (16 MiB in fp32)
+DEQUANT_KERNEL = "dequant_matmul"
+
+
+@functools.cache
+def cuda_capability(device: torch.device) -> tuple[int, int] | None:
+    """(major, minor) of an NVIDIA GPU; None for CPUs and ROCm."""
+    if device.type != "cuda" or torch.version.cuda is None:
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
+def finite_amax(w: Tensor, name: str) -> Tensor:
+    """max |w|, refusing NaN/Inf: a single bad value would silently poison every scale."""
+    lo, hi = torch.aminmax(w)
+    amax = torch.maximum(-lo, hi)
+    if not torch.isfinite(amax):
+        nan, inf = int(w.isnan().sum()), int(w.isinf().sum())
+        raise ValueError(f"{name}: cannot quantize a tensor holding {nan} NaN and {inf} Inf values")
+    return amax
+
+
+def to_blocked(scale: Tensor) -> Tensor:
+    """Swizzle [rows, k/16] block scales into cuBLAS's 128x4 tile layout (zero-padded, flattened)."""
+    rows, cols = scale.shape
+    padded = F.pad(scale.view(torch.uint8), (0, -cols % 4, 0, -rows % 128)).view(scale.dtype)
+    tiles = padded.reshape(-1, 128, padded.shape[1] // 4, 4).permute(0, 2, 1, 3)
+    return tiles.reshape(-1, 4, 32, 4).transpose(1, 2).reshape(-1, 32, 16).flatten()
+
+
+@dataclass(eq=False)
+class QuantizedWeight(ABC):
+    """A quantized [out, in] weight: `linear` computes x @ W.T, `block`/`narrow` cut views out of it."""
+
+    # The model cuts its blocks on every forward; handing back the same object keeps per-cut state
+    # (NVFP4's swizzled scales) computed once.
+    _views: dict[tuple[int, int, int], QuantizedWeight] = field(default_factory=dict, init=False, repr=False)
+    weight: Tensor  # the packed codes; each format documents its layout
+    fast_kernel: ClassVar[str]  # the name `kernel_name` reports when the GPU path runs
+    min_capability: ClassVar[tuple[int, int]]
+
+    @property
+    @abstractmethod
+    def shape(self) -> torch.Size:
+        """Logical [out, in]."""
+
+    @abstractmethod
+    def _slice(self, r0: int, r1: int, cols: int) -> QuantizedWeight: ...
+
+    @abstractmethod
+    def _dequantize_rows(self, r0: int, r1: int, dtype: torch.dtype) -> Tensor: ...
+
+    @abstractmethod
+    def _kernel_fits(self) -> bool:
+        """Whether the shape meets the GPU kernel's alignment rules."""
+
+    @abstractmethod
+    def _fast_linear(self, x: Tensor) -> Tensor:
+        """x [m, in] @ W.T on the GPU kernel."""
+
+    def block(self, r0: int, r1: int, cols: int) -> QuantizedWeight:
+        """Rows [r0, r1) and the first `cols` inputs, as views of the packed tensors."""
+        out, k = self.shape
+        if (r0, r1, cols) == (0, out, k):
+            return self
+        if not (0 <= r0 < r1 <= out and 0 < cols <= k):
+            raise ValueError(f"block rows [{r0}, {r1}) x cols {cols} is outside a {out}x{k} weight")
+        if (r0, r1, cols) not in self._views:
+            self._views[r0, r1, cols] = self._slice(r0, r1, cols)
+        return self._views[r0, r1, cols]
+
+    def narrow(self, out_features: int, in_features: int) -> QuantizedWeight:
+        """The leading [out_features, in_features] sub-block (an elastic sub-model's weight)."""
+        return self.block(0, out_features, in_features)
+
+    def dequantize(self, dtype: torch.dtype) -> Tensor:
+        return self._dequantize_rows(0, self.shape[0], dtype)
+
+    def kernel_name(self, device: torch.device | str | None = None) -> str:
+        """Which path `linear` takes for inputs on `device` (default: where the weight lives)."""
+        device = self.weight.device if device is None else torch.device(device)
+        return self.fast_kernel if self._use_fast(device) else DEQUANT_KERNEL
+
+    def _use_fast(self, device: torch.device) -> bool:
+        cap = cuda_capability(device)
+        return cap is not None and cap >= self.min_capability and self._kernel_fits()
+
+    def linear(self, x: Tensor) -> Tensor:
+        if self._use_fast(x.device):
+            return self._fast_linear(x.reshape(-1, x.shape[-1])).unflatten(0, x.shape[:-1])
+        out, k = self.shape
+        rows = max(1, TILE_ELEMENTS // k)
+        tiles = [F.linear(x, self._dequantize_rows(r, min(r + rows, out), x.dtype)) for r in range(0, out, rows)]
+        return tiles[0] if len(tiles) == 1 else torch.cat(tiles, -1)

@@ -1,0 +1,151 @@
+"""Nested elastic checkpoints: importance order, function preservation, budgets, zero-shot slicing."""
+
+import json
+
+import pytest
+import torch
+from tiny import ALIGNED, hf_logits, make_checkpoint
+
+import elastic_local
+from elastic_local.elastic.nest import nest
+from elastic_local.elastic.slice import slice_budget
+from elastic_local.elastic.table import BudgetTableError
+from elastic_local.model import count_params
+
+IDS = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(11))
+FRACTIONS = {"half": 0.5, "quarter": 0.3}
+
+
+@pytest.fixture(scope="module")
+def nested(tmp_path_factory):
+    root = tmp_path_factory.mktemp("nest")
+    hf = make_checkpoint(root / "parent", seed=21, **ALIGNED)
+    nest(root / "parent", root / "nested", FRACTIONS)
+    return root, hf
+
+
+def test_full_budget_of_the_nested_file_is_the_parent(nested):
+    from transformers import NemotronHForCausalLM
+
+    root, hf = nested
+    ref = hf_logits(hf, IDS)
+    m = elastic_local.load(root / "nested")
+    assert m.budgets == ["full", "half", "quarter"]
+    torch.testing.assert_close(m.logits(IDS), ref, atol=1e-4, rtol=0)
+    # and any Nemotron-H loader reads the nested file unchanged
+    other = NemotronHForCausalLM.from_pretrained(root / "nested", dtype=torch.float32).eval()
+    torch.testing.assert_close(hf_logits(other, IDS), ref, atol=1e-4, rtol=0)
+
+
+def test_budgets_nest_and_meet_their_targets(nested):
+    root, _ = nested
+    m = elastic_local.load(root / "nested")
+    parent = count_params(m.config, m.budget("full"))[0]
+    table = json.loads((root / "nested" / "config.json").read_text())["elastic"]["budgets"]
+    assert [b["name"] for b in table] == ["full", "half", "quarter"]
+    for name, frac in FRACTIONS.items():
+        b = m.budget(name)
+        assert abs(count_params(m.config, b)[0] / (frac * parent) - 1) <= 0.02
+        assert table[[t["name"] for t in table].index(name)]["params"] == count_params(m.config, b)[0]
+    assert m.budget("quarter").fits_in(m.budget("half")) and m.budget("half").fits_in(m.budget("full"))
+    assert (root / "nested" / "importance.safetensors").is_file()
+
+
+@pytest.mark.parametrize("name", ["half", "quarter"])
+def test_sliced_export_loaded_by_transformers_equals_the_budget(nested, name, tmp_path):
+    from transformers import NemotronHForCausalLM
+
+    root, _ = nested
+    out, portable = slice_budget(root / "nested", tmp_path / name, name)
+    assert portable
+    oracle = NemotronHForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ours = elastic_local.load(root / "nested").logits(IDS, budget=name)
+    torch.testing.assert_close(ours, hf_logits(oracle, IDS), atol=1e-4, rtol=0)
+    # the export is itself elastic: its smaller budgets survive and it loads here too
+    small = elastic_local.load(out)
+    assert small.budgets[0] == name
+    torch.testing.assert_close(small.logits(IDS), ours, atol=1e-4, rtol=0)
+
+
+def test_loading_one_budget_reads_only_its_slices(nested):
+    root, _ = nested
+    full = elastic_local.load(root / "nested")
+    m = elastic_local.load(root / "nested", budget="half")
+    assert m.budgets == ["half", "quarter"]
+    b = m.budget("half")
+    assert m.net.embed.shape == (96, b.hidden)
+    E = next(s for s in b.layers if s.kind == "E")
+    assert m.net.layers[2].mixer.up.shape == (E.experts, E.expert_channels, b.hidden)
+    for name in ("half", "quarter"):
+        torch.testing.assert_close(m.logits(IDS, budget=name), full.logits(IDS, budget=name), atol=1e-5, rtol=0)
+    with pytest.raises(KeyError, match="unknown budget 'full'"):
+        m.logits(IDS, budget="full")
+
+
+def test_heterogeneous_budgets_slice_to_per_layer_configs(tmp_path):
+    make_checkpoint(tmp_path / "p", seed=22, **ALIGNED)
+    nest(tmp_path / "p", tmp_path / "n", {"small": 0.4}, heterogeneous=True)
+    m = elastic_local.load(tmp_path / "n")
+    out, portable = slice_budget(tmp_path / "n", tmp_path / "s", "small")
+    cfg = json.loads((out / "config.json").read_text())
+    s = m.budget("small")
+    if not portable:
+        assert len(cfg["block_configs"]) == sum(x.enabled for x in s.layers)
+    torch.testing.assert_close(elastic_local.load(out).logits(IDS), m.logits(IDS, budget="small"), atol=1e-4, rtol=0)
+
+
+def test_unknown_budget_is_an_error(nested, tmp_path):
+    root, _ = nested
+    with pytest.raises(KeyError, match=r"unknown budget '12B'.*\['full', 'half', 'quarter'\]"):
+        slice_budget(root / "nested", tmp_path / "x", "12B")
+    with pytest.raises(KeyError, match="unknown budget"):
+        elastic_local.load(root / "nested", budget="12B")
+
+
+def _edit_table(root, tmp_path, edit):
+    import shutil
+
+    dst = tmp_path / "edited"
+    shutil.copytree(root / "nested", dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    edit(cfg["elastic"]["budgets"])
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_budget_table_that_does_not_match_the_tensors_is_an_error(nested, tmp_path):
+    root, _ = nested
+    dst = _edit_table(root, tmp_path, lambda b: b[1]["sizes"].update(experts=99))
+    with pytest.raises(BudgetTableError, match=r"budget 'half': layer 2 sizes .* exceed"):
+        elastic_local.load(dst)
+
+
+def test_a_cut_off_the_16_grid_is_an_error(nested, tmp_path):
+    root, _ = nested
+    dst = _edit_table(root, tmp_path, lambda b: b[1]["sizes"].update(expert_channels=24))
+    with pytest.raises(BudgetTableError, match=r"cuts expert_channels to 24, not a multiple of 16"):
+        elastic_local.load(dst)
+
+
+def test_a_failed_write_leaves_no_checkpoint_behind(nested, tmp_path):
+    root, _ = nested
+
+    def boom(done, total, what):
+        if done > 5:
+            raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        slice_budget(root / "nested", tmp_path / "out", "half", progress=boom)
+    assert not (tmp_path / "out").exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_nest_refuses_bad_fractions_and_axes(tmp_path):
+    make_checkpoint(tmp_path / "p", seed=23, **ALIGNED)
+    with pytest.raises(ValueError, match=r"big=1.5: a fraction .* must be in \(0, 1\)"):
+        nest(tmp_path / "p", tmp_path / "n", {"big": 1.5})
+    with pytest.raises(ValueError, match=r"unknown axes \['width'\]"):
+        nest(tmp_path / "p", tmp_path / "n", {"half": 0.5}, axes=("width",))
+    with pytest.raises(ValueError, match="is the full model's name"):
+        nest(tmp_path / "p", tmp_path / "n", {"full": 0.5})
+    assert not (tmp_path / "n").exists()
