@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 
 def _gib(n: int) -> str:
@@ -37,14 +38,158 @@ def cmd_info(args: argparse.Namespace) -> int:
     else:
         dtypes = ", ".join(f"{k} {_gib(v)}" for k, v in w["tensor_bytes_by_dtype"].items())
         print(f"  on disk   {_gib(w['bytes_on_disk'])} in {w['files']} file(s) ({dtypes})")
-    print("  budgets")
+    print(f"  precision {d['precision']}")
+    print("  budgets   name       params    active      bf16       fp8     nvfp4  sizes")
     for b in d["budgets"]:
-        print(f"    {b['name']:<8} {_count(b['params']):>8} params, {_count(b['active_params']):>8} active")
+        sizes = " ".join(f"{k}={v if not isinstance(v, list) else 'per-layer'}" for k, v in b["sizes"].items())
+        by = b["bytes"]
+        print(f"            {b['name']:<8} {_count(b['params']):>8} {_count(b['active_params']):>9} "
+              f"{_gib(by['bf16']):>9} {_gib(by['fp8']):>9} {_gib(by['nvfp4']):>9}  {sizes}")
     k = d["kernels"]
-    print(f"  kernels   on {k['device']}: scan {k['mamba_scan']}, conv {k['mamba_conv']}")
+    print(f"  kernels   on {k['device']}: scan {k['mamba_scan']}, conv {k['mamba_conv']}, linear {k['linear']}")
     if "note" in k:
         print(f"            {k['note']}")
     return 0
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    """What fits: every (budget, precision) of DIR on a machine, with its memory breakdown, and the pick.
+
+    Example: elastic-local fit --profile rtx5080 --context 32768"""
+    from .hardware import fit, get_profile, render_plan
+
+    margin = None if args.margin_gib is None else int(args.margin_gib * 2**30)
+    p = fit.plan_checkpoint(args.dir, get_profile(args.profile), context=args.context, caches=args.caches,
+                            margin_bytes=margin)
+    if args.json:
+        print(json.dumps(fit.fit_report(args.dir, p), indent=2))
+        return 0
+    print(f"{fit.summary(p)}\n\n{render_plan(p)}")
+    return 0
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    from .hardware.profiles import list_profiles, render_profiles
+
+    profiles = list_profiles()
+    if args.json:
+        print(json.dumps({n: p.to_dict() for n, p in profiles.items()}, indent=2))
+        return 0
+    print(render_profiles(profiles) + "\n(auto = this machine, probed when used)")
+    return 0
+
+
+def cmd_paths(args: argparse.Namespace) -> int:
+    from . import paths
+    from .hardware.profiles import user_profile_dir
+
+    where = {"config": paths.config_dir(), "data": paths.data_dir(), "profiles": user_profile_dir()}
+    print("\n".join(f"{k:<9}{v}" for k, v in where.items()) + f"\n(set {paths.HOME_ENV} to move them all)")
+    return 0
+
+
+def _generation_options(args: argparse.Namespace) -> dict:
+    return dict(think_budget=args.think_budget, answer_budget=args.answer_budget,
+                max_think_tokens=args.max_think_tokens, max_answer_tokens=args.max_tokens,
+                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
+                stop=tuple(args.stop), transplant=args.transplant)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Answer one prompt, streaming the thinking (stderr, dimmed) and the answer (stdout), then a stats line.
+
+    elastic-local generate ./ckpt --prompt "Why is the sky blue?" --think-budget half --max-think-tokens 256
+    """
+    import elastic_local
+
+    from .engine.events import Token
+
+    m = elastic_local.load(args.dir)
+    prompt = m.chat_prompt(args.prompt, think=not args.no_think, system=args.system)
+    stream = m.stream(prompt, **_generation_options(args))
+    dim, undim = ("\x1b[2m", "\x1b[0m") if sys.stderr.isatty() else ("", "")
+    phase = None
+    try:
+        for ev in stream:
+            if isinstance(ev, Token) and ev.text and not args.json:
+                if phase == "think" and ev.phase == "answer":
+                    sys.stderr.write("\n")
+                phase = ev.phase
+                out = sys.stderr if ev.phase == "think" else sys.stdout
+                out.write(f"{dim}{ev.text}{undim}" if ev.phase == "think" else ev.text)
+                out.flush()
+    except KeyboardInterrupt:
+        stream.cancel()
+    r = stream.result
+    if args.json:
+        print(json.dumps(r.to_dict()))
+        return 0
+    print()
+    print(f"[{r.finish_reason} in {r.finish_phase}, thinking ended by {r.think_end or '-'}] {r.stats.line()}",
+          file=sys.stderr)
+    return 0
+
+
+class _Bar:
+    """A one-line progress bar on stderr for long work (loading, scoring, writing)."""
+
+    def __init__(self, label: str):
+        self.label, self.start, self.last = label, time.monotonic(), 0.0
+
+    def __call__(self, done: int, total: int, what: str) -> None:
+        now = time.monotonic()
+        if done < total and now - self.last < 0.1:
+            return
+        self.last = now
+        frac = done / max(total, 1)
+        eta = (now - self.start) / frac * (1 - frac) if frac > 0 else 0.0
+        bar = "#" * int(24 * frac)
+        print(f"\r{self.label} [{bar:<24}] {done}/{total} {what[:40]:<40} eta {eta:4.0f}s", end="", file=sys.stderr)
+        if done >= total:
+            print(file=sys.stderr)
+
+
+def _budgets(values: list[str]) -> dict[str, float]:
+    out = {}
+    for v in values:
+        name, sep, frac = v.partition("=")
+        try:
+            out[name] = float(frac)
+        except ValueError:
+            raise ValueError(f"--budget {v!r}: expected NAME=FRACTION, e.g. 23B=0.77") from None
+        if not sep or not name:
+            raise ValueError(f"--budget {v!r}: expected NAME=FRACTION, e.g. 23B=0.77")
+    return out
+
+
+def cmd_nest(args: argparse.Namespace) -> int:
+    from .elastic.nest import nest
+
+    out = nest(args.src, args.out, _budgets(args.budget), calib=args.calib, axes=tuple(args.axes.split(",")),
+               heterogeneous=args.heterogeneous, full_name=args.full_name, device=args.device,
+               progress=_Bar("nest"))
+    print(f"wrote {out}")
+    return cmd_info(argparse.Namespace(dir=out, json=False))
+
+
+def cmd_slice(args: argparse.Namespace) -> int:
+    from .elastic.slice import slice_budget
+
+    out, portable = slice_budget(args.dir, args.out, args.budget, progress=_Bar("slice"))
+    print(f"wrote {out}: budget {args.budget!r} as a standalone checkpoint")
+    if not portable:
+        print("  its sizes differ from layer to layer (block_configs): elastic-local loads it; transformers, "
+              "vLLM and llama.cpp cannot")
+    return 0
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from .quant.quantize import quantize_checkpoint
+
+    out = quantize_checkpoint(args.dir, args.out, args.precision, calib=args.calib, keep=tuple(args.keep),
+                              preset=args.preset, device=args.device, progress=_Bar("quantize"))
+    print(f"wrote {out}")
+    return cmd_info(argparse.Namespace(dir=out, json=False))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,10 +201,84 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=cmd_info)
 
+    p = sub.add_parser("nest", help="turn a Nemotron-H checkpoint into a nested elastic one")
+    p.add_argument("src")
+    p.add_argument("out")
+    p.add_argument("--budget", action="append", required=True, metavar="NAME=FRACTION",
+                   help="a nested budget at this fraction of the parent's parameters (repeatable)")
+    p.add_argument("--calib", help="calibration text (tokenized with the checkpoint's tokenizer) or .json token ids")
+    p.add_argument("--axes", default="hidden,mamba_heads,experts,expert_channels,shared_channels,mlp_channels",
+                   help="axes to shrink, from: hidden, mamba_heads, attention_heads, experts, expert_channels, "
+                        "shared_channels, mlp_channels, depth")
+    p.add_argument("--heterogeneous", action="store_true", help="allow per-layer sizes")
+    p.add_argument("--full-name", default="full", help="name of the full model's budget")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=cmd_nest)
+
+    p = sub.add_parser("slice", help="extract one budget as a standalone checkpoint")
+    p.add_argument("dir")
+    p.add_argument("out")
+    p.add_argument("--budget", required=True)
+    p.set_defaults(func=cmd_slice)
+
+    p = sub.add_parser("quantize", help="quantize a nested BF16 checkpoint to FP8 or NVFP4 (Model Optimizer layout)")
+    p.add_argument("dir")
+    p.add_argument("out")
+    p.add_argument("--precision", required=True, choices=["fp8", "nvfp4"])
+    p.add_argument("--calib", help="calibration text or .json token ids for the activation scales")
+    p.add_argument("--keep", action="append", default=[], metavar="PATTERN",
+                   help="module name pattern to leave in BF16, e.g. 'backbone.layers.5.mixer.*' (repeatable)")
+    p.add_argument("--preset", choices=["nano"], help="nano: attention layers and the Mamba layers feeding them "
+                                                     "stay BF16 (NVIDIA's conservative recipe)")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=cmd_quantize)
+
+    p = sub.add_parser("generate", help="answer one prompt, streaming thinking and answer",
+                       description=cmd_generate.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dir")
+    p.add_argument("--prompt", required=True, help="the user message (rendered with the chat template)")
+    p.add_argument("--system", help="a system message")
+    p.add_argument("--no-think", action="store_true", help="open the answer at once (thinking off)")
+    p.add_argument("--think-budget", metavar="NAME", help="budget of the thinking phase (default: largest)")
+    p.add_argument("--answer-budget", metavar="NAME", help="budget of the answer phase (default: largest)")
+    p.add_argument("--max-think-tokens", type=int, default=1024, metavar="N",
+                   help="think token budget: then the engine closes thinking (default 1024)")
+    p.add_argument("--max-tokens", type=int, default=1024, metavar="N", help="answer token limit (default 1024)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    p.add_argument("--transplant", action="store_true",
+                   help="a budget taking over reuses the other's states instead of catching up (approximate)")
+    p.add_argument("--json", action="store_true", help="no streaming; print the result as one JSON object")
+    p.set_defaults(func=cmd_generate)
+
+    from .hardware.fit import STAR_ELASTIC
+
+    p = sub.add_parser("fit", help="which budget and precision fit this machine (or a profile)",
+                       description=cmd_fit.__doc__)
+    p.add_argument("dir", nargs="?", default=str(STAR_ELASTIC),
+                   help="checkpoint directory, weights optional (default: the Star Elastic description)")
+    p.add_argument("--profile", default="auto", help="hardware profile name or .toml file; auto = this machine")
+    p.add_argument("--context", type=int, default=32768, help="tokens each cache holds (default 32768)")
+    p.add_argument("--caches", type=int, default=2, help="hybrid caches kept (chat: think + answer = 2)")
+    p.add_argument("--margin-gib", type=float, help="safety margin (default: max(1 GiB, 5%% of memory))")
+    p.add_argument("--json", action="store_true", help="one JSON object, sizes in bytes")
+    p.set_defaults(func=cmd_fit)
+
+    p = sub.add_parser("profiles", help="list the hardware profiles")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    p.set_defaults(func=cmd_profiles)
+
+    p = sub.add_parser("paths", help="print where config, data and user profiles live")
+    p.set_defaults(func=cmd_paths)
+
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, KeyError, FileNotFoundError) as e:
+    except (ValueError, KeyError, FileNotFoundError, FileExistsError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"elastic-local: error: {msg}", file=sys.stderr)
         return 2

@@ -72,3 +72,51 @@ ALIGNED = dict(hidden_size=64, mamba_num_heads=8, mamba_head_dim=8, n_groups=2, 
                num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
                n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                moe_shared_expert_intermediate_size=48, hybrid_override_pattern="M*EM-ME")
+
+
+# A Nemotron-3-style chat template: ChatML, earlier assistant turns rendered as `<think></think>answer`,
+# the generation prompt opening thinking (`<think>\n`) or closing it at once (`<think></think>`).
+CHAT_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' -%}"
+    "{{- '<|im_start|>assistant\\n<think></think>' ~ m.content ~ '<|im_end|>\\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' ~ m.role ~ '\\n' ~ m.content ~ '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|im_start|>assistant\\n' ~ ('<think>\\n' if enable_thinking is not defined or enable_thinking "
+    "else '<think></think>') -}}"
+    "{%- endif -%}"
+)
+
+
+def write_tokenizer(path: Path, chat_template: str | None = CHAT_TEMPLATE) -> None:
+    """Save a 96-token tokenizer (tests/tiny.py's vocab_size) into a checkpoint dir: tokenizer.json and
+    tokenizer_config.json. Ids 0-7 are <pad> <s> </s> <unk> <|im_start|> <|im_end|> <think> </think>;
+    then byte-fallback tokens for 'é' and '€' (multi-byte characters split across tokens), a-z A-Z 0-9,
+    a few punctuation marks and BPE merges. eos is <|im_end|>."""
+    import json
+
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+
+    specials = ["<pad>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+    byte_tokens = ["<0xC3>", "<0xA9>", "<0xE2>", "<0x82>", "<0xAC>"]  # é = C3 A9, € = E2 82 AC
+    chars = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 \n.,?!':-")
+    merges = [("t", "h"), ("h", "e"), ("i", "n"), ("e", "r"), ("a", "n"), (" ", "t"), ("th", "e"), (" ", "a"),
+              ("o", "n"), ("r", "e"), ("a", "t"), ("e", "n")]
+    vocab: dict[str, int] = {}
+    for t in specials + byte_tokens + chars + ["".join(m) for m in merges]:
+        vocab.setdefault(t, len(vocab))
+    assert len(vocab) == 96, len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "<|im_end|>",
+              "pad_token": "<pad>", "unk_token": "<unk>"}
+    if chat_template is not None:
+        config["chat_template"] = chat_template
+    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2))

@@ -8,16 +8,22 @@ from pathlib import Path
 import torch
 
 from ..model import kernels
-from ..model.budget import Budget, count_params
+from ..model.budget import count_params
 from ..model.config import BLOCK_KINDS, NemotronHConfig
 from .files import DTYPE_BYTES, CheckpointError, index_tensors
 
 
 def describe(path: str | Path) -> dict:
+    from ..elastic.table import budget_entry, read_budgets
+    from ..quant.scheme import PRECISIONS, read_quant_config, weight_bytes
+    from .load import stored_budget
+
     path = Path(path)
     cfg = NemotronHConfig.from_dir(path)
-    full = Budget.full(cfg)
+    full = stored_budget(cfg)
     total, active = count_params(cfg, full)
+    precision, kept = read_quant_config(path)
+    budgets = read_budgets(cfg, where=str(path / "config.json")) if cfg.raw.get("elastic") else {"full": full}
     out: dict = {
         "path": str(path),
         "config": {k: cfg.raw.get(k) for k in ("vocab_size", "hidden_size", "num_attention_heads",
@@ -29,7 +35,9 @@ def describe(path: str | Path) -> dict:
         "layers": {BLOCK_KINDS[k]: n for k, n in Counter(cfg.pattern).items()},
         "params": total,
         "active_params": active,
-        "budgets": [{"name": full.name, "params": total, "active_params": active}],
+        "precision": precision,
+        "budgets": [{**budget_entry(cfg, b), "bytes": {p: weight_bytes(cfg, b, p, kept if p == precision else ())
+                                                       for p in PRECISIONS}} for b in budgets.values()],
     }
     try:
         tensors = index_tensors(path)
@@ -49,6 +57,19 @@ def describe(path: str | Path) -> dict:
                                    if not name.startswith("mtp.")),
         }
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    out["kernels"] = {"device": device, **kernels.describe(device)}
+    out["kernels"] = {"device": device, **kernels.describe(device), "linear": _linear_kernel(precision, device)}
     return out
 
+
+
+def _linear_kernel(precision: str, device: str) -> str:
+    """The matmul path quantized weights take on `device` (see quant/linear.py)."""
+    if precision == "bf16":
+        return "dense (oneDNN / cuBLAS)"
+    from ..quant.linear import cuda_capability
+
+    cap = cuda_capability(torch.device(device)) if device == "cuda" else None
+    need = (8, 9) if precision == "fp8" else (10, 0)
+    if cap is not None and cap >= need:
+        return f"{precision} scaled_mm (compute capability {cap[0]}.{cap[1]})"
+    return f"dequantize inside the matmul ({precision} needs compute capability {need[0]}.{need[1]}+ to run natively)"

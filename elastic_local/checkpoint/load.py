@@ -8,6 +8,7 @@ the way in (model/layout.py); the file keeps the hub layout every other loader e
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -18,12 +19,18 @@ from ..model.attention import AttentionWeights
 from ..model.budget import Budget, check_budget
 from ..model.config import NemotronHConfig
 from ..model.layout import head_channels, rank_major_heads
+from ..model.linear import RowConcat
 from ..model.mamba2 import MambaWeights
 from ..model.moe import MLPWeights, MoEWeights
 from ..model.nemotron_h import Layer, NemotronH
+from ..quant.fp8 import FP8Weight
+from ..quant.linear import QuantizedWeight
+from ..quant.nvfp4 import NVFP4Weight
+from ..quant.scheme import GROUP_SIZE, PRECISIONS, is_quantized, quantize, read_quant_config, stored_tensors
 from .files import CheckpointError, Reader, TensorInfo, index_tensors
 
 Progress = Callable[[int, int, str], None]  # (done, total, what)
+log = logging.getLogger(__name__)
 
 
 BLOCK_TYPES = {"M": "mamba", "*": "attention", "E": "moe", "-": "mlp"}
@@ -108,6 +115,47 @@ def checkpoint_tensors(path: str | Path) -> dict[str, TensorInfo]:
     return unstack_experts(index_tensors(path))
 
 
+def stored_shapes(cfg: NemotronHConfig, stored: Budget, precision: str, kept: list[str]) -> dict:
+    """Name -> shape of every tensor the file holds, quantized Linears expanded into weight and scales."""
+    out = {}
+    for name, shape in expected_shapes(cfg, stored).items():
+        if precision == "bf16":
+            out[name] = shape
+        else:
+            out.update({n: s for n, (_, s) in stored_tensors(name, shape, precision, kept).items()})
+    return out
+
+
+def _block_index(ch: torch.Tensor, what: str) -> torch.Tensor:
+    """Channel indices that come in whole, aligned blocks of 16 -> the block indices."""
+    blocks = ch.view(-1, GROUP_SIZE)
+    first = blocks[:, 0]
+    if ch.numel() % GROUP_SIZE or first.remainder(GROUP_SIZE).any() or \
+            not torch.equal(blocks, first[:, None] + torch.arange(GROUP_SIZE)):
+        raise CheckpointError(f"{what}: its heads are not whole {GROUP_SIZE}-channel blocks, so the quantized "
+                              "columns cannot be reordered at load; load this checkpoint as bf16")
+    return first // GROUP_SIZE
+
+
+def read_quantized(reader: Reader, name: str, precision: str, rows, cols, device) -> QuantizedWeight:
+    """rows / cols of a stored FP8 or NVFP4 Linear (ints are prefixes, tensors indices), as views' sources."""
+    stem = name[: -len(".weight")]
+    scalar = {k: reader.read(f"{stem}.{k}").float().reshape(()).to(device) for k in ("weight_scale", "input_scale")
+              if precision == "fp8" or k == "input_scale"}
+    if precision == "fp8":
+        return FP8Weight(reader.read(name, rows, cols).to(device), scalar["weight_scale"], scalar["input_scale"])
+    if isinstance(cols, int):
+        if cols % GROUP_SIZE:
+            raise CheckpointError(f"{name}: cut at {cols} inputs, not a multiple of {GROUP_SIZE}")
+        packed_cols, scale_cols = cols // 2, cols // GROUP_SIZE
+    else:
+        scale_cols = _block_index(cols, name)
+        packed_cols = (scale_cols[:, None] * (GROUP_SIZE // 2) + torch.arange(GROUP_SIZE // 2)).reshape(-1)
+    return NVFP4Weight(reader.read(name, rows, packed_cols).to(device),
+                       reader.read(f"{stem}.weight_scale", rows, scale_cols).to(device),
+                       reader.read(f"{stem}.weight_scale_2").float().reshape(()).to(device), scalar["input_scale"])
+
+
 def check_tensors(path: Path, tensors: dict[str, TensorInfo], expected: dict[str, tuple[int, ...]]) -> None:
     found = {k for k in tensors if not k.startswith("mtp.")}
     missing = sorted(set(expected) - found)
@@ -129,8 +177,13 @@ def check_tensors(path: Path, tensors: dict[str, TensorInfo], expected: dict[str
 
 def load_network(path: str | Path, resident: Budget | None = None, stored: Budget | None = None,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                 progress: Progress | None = None) -> NemotronH:
-    """Read the weights of `resident` (default: everything stored) into a NemotronH on `device`."""
+                 progress: Progress | None = None, precision: str | None = None,
+                 keep: tuple[str, ...] = ()) -> NemotronH:
+    """Read the weights of `resident` (default: everything stored) into a NemotronH on `device`.
+
+    `precision` None keeps what the file stores; "fp8" / "nvfp4" from a BF16 file quantize each Linear
+    as it is read (peak memory: the quantized model plus one tensor), `keep` naming modules to leave
+    alone; "bf16" from a quantized file dequantizes to `dtype`."""
     path = Path(path)
     cfg = NemotronHConfig.from_dir(path)
     stored = stored or stored_budget(cfg)
@@ -138,13 +191,34 @@ def load_network(path: str | Path, resident: Budget | None = None, stored: Budge
     check_budget(cfg, resident)
     if not resident.fits_in(stored):
         raise CheckpointError(f"{path}: budget {resident.name!r} is larger than what the file stores")
+    stored_precision, kept = read_quant_config(path)
+    precision = precision or stored_precision
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose from {list(PRECISIONS)}")
+    if stored_precision != "bf16" and precision not in (stored_precision, "bf16"):
+        raise CheckpointError(f"{path} stores {stored_precision.upper()} weights; load it as {stored_precision!r} "
+                              f"or as 'bf16' (dequantized), not {precision!r}")
     tensors = checkpoint_tensors(path)
-    check_tensors(path, tensors, expected_shapes(cfg, stored))
+    check_tensors(path, tensors, stored_shapes(cfg, stored, stored_precision, kept))
     reader = Reader(tensors)
+    log.info("weights: %s stored, %s resident", stored_precision, precision)
 
     def get(name: str, *index, fp32: bool = False) -> torch.Tensor:
         t = reader.read(name, *index)
         return t.to(device=device, dtype=torch.float32 if fp32 else dtype)
+
+    def get_linear(name: str, rows, cols):
+        """A Linear weight as this run keeps it: a tensor, or a quantized weight (stored, or quantized now
+        with the full stored tensor's scale, so every budget's slice stays the parent's sub-block)."""
+        if stored_precision != "bf16" and is_quantized(name, kept):
+            q = read_quantized(reader, name, stored_precision, rows, cols, device)
+            return q.dequantize(dtype) if precision == "bf16" else q
+        if precision == "bf16" or not is_quantized(name, keep):
+            return get(name, rows, cols)
+        raw = reader.read(name, rows, cols)
+        whole = tuple(raw.shape) == reader.info(name).shape  # all of it, maybe reordered: same amax
+        amax = (raw if whole else reader.read(name)).float().abs().amax()
+        return quantize(raw.to(device), precision, name, amax)
 
     d = resident.hidden
     G, p, KV = cfg.n_groups, cfg.mamba_head_dim, cfg.num_key_value_heads
@@ -167,39 +241,39 @@ def load_network(path: str | Path, resident: Budget | None = None, stored: Budge
             conv_rows = torch.cat([ch, bc - n_st])
             conv_w = get(m + "conv1d.weight", conv_rows)[:, 0]
             mixer = MambaWeights(
-                in_proj=get(m + "in_proj.weight", rows, d),
+                in_proj=get_linear(m + "in_proj.weight", rows, d),
                 conv_weight=conv_w,
                 conv_bias=get(m + "conv1d.bias", conv_rows) if cfg.use_conv_bias else None,
                 dt_bias=get(m + "dt_bias", heads, fp32=True),
                 A=-torch.exp(get(m + "A_log", heads, fp32=True)),
                 D=get(m + "D", heads, fp32=True),
                 norm=get(m + "norm.weight", ch),
-                out_proj=get(m + "out_proj.weight", d, ch),
+                out_proj=get_linear(m + "out_proj.weight", d, ch),
             )
         elif s.kind == "*":
             heads = rank_major_heads(st.attention_heads, KV, s.attention_heads // KV)
             ch = head_channels(heads, cfg.head_dim)
-            qkv = torch.cat([get(m + "q_proj.weight", ch, d), get(m + "k_proj.weight", KV * cfg.head_dim, d),
-                             get(m + "v_proj.weight", KV * cfg.head_dim, d)])
-            mixer = AttentionWeights(qkv, get(m + "o_proj.weight", d, ch))
+            parts = [get_linear(m + "q_proj.weight", ch, d), get_linear(m + "k_proj.weight", KV * cfg.head_dim, d),
+                     get_linear(m + "v_proj.weight", KV * cfg.head_dim, d)]
+            qkv = torch.cat(parts) if all(isinstance(t, torch.Tensor) for t in parts) else RowConcat(parts)
+            mixer = AttentionWeights(qkv, get_linear(m + "o_proj.weight", d, ch))
         elif s.kind == "E":
             E, I = s.experts, s.expert_channels
-            up = torch.empty(E, I, d, dtype=dtype, device=device)
-            down = torch.empty(E, d, I, dtype=dtype, device=device)
-            for j in range(E):
-                up[j] = get(m + f"experts.{j}.up_proj.weight", I, d)
-                down[j] = get(m + f"experts.{j}.down_proj.weight", d, I)
+            up = [get_linear(m + f"experts.{j}.up_proj.weight", I, d) for j in range(E)]
+            down = [get_linear(m + f"experts.{j}.down_proj.weight", d, I) for j in range(E)]
+            if isinstance(up[0], torch.Tensor):  # plain experts stack into [E, I, D] and [E, D, I]
+                up, down = torch.stack(up), torch.stack(down)
             S = s.shared_channels
             mixer = MoEWeights(
                 gate=get(m + "gate.weight", E, d, fp32=True),
                 bias=get(m + "gate.e_score_correction_bias", E, fp32=True),
                 up=up, down=down,
-                shared_up=get(m + "shared_experts.up_proj.weight", S, d),
-                shared_down=get(m + "shared_experts.down_proj.weight", d, S),
+                shared_up=get_linear(m + "shared_experts.up_proj.weight", S, d),
+                shared_down=get_linear(m + "shared_experts.down_proj.weight", d, S),
             )
         else:
-            mixer = MLPWeights(get(m + "up_proj.weight", s.mlp_channels, d),
-                               get(m + "down_proj.weight", d, s.mlp_channels))
+            mixer = MLPWeights(get_linear(m + "up_proj.weight", s.mlp_channels, d),
+                               get_linear(m + "down_proj.weight", d, s.mlp_channels))
         layers.append(Layer(s.kind, get(f"layers.{i}.norm.weight", d), mixer))
         if progress:
             progress(i + 1, total, f"layer {i} ({s.kind})")

@@ -20,9 +20,10 @@ from ..checkpoint.load import checkpoint_tensors, expected_shapes, load_network
 from ..checkpoint.write import CheckpointWriter
 from ..model.budget import Budget, count_params
 from ..model.config import NemotronHConfig
+from ..quant.scheme import read_quant_config
 from .importance import Importance, calibration_ids, score
 from .search import ALL_AXES, DEFAULT_AXES, search_budget
-from .select import LayerSelection, Selection, select_tensors
+from .select import LayerSelection, Selection, materialize, select_plan
 from .table import FORMAT_VERSION, budget_entry, check_alignment
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,8 @@ def nest(src: str | Path, out: str | Path, budgets: dict[str, float], calib: str
             raise ValueError(f"budget {name}={frac}: a fraction of the parent's parameters must be in (0, 1)")
         if name == full_name:
             raise ValueError(f"budget name {name!r} is the full model's name; pick another")
+    if read_quant_config(src)[0] != "bf16":
+        raise ValueError(f"{src} is quantized; nest its BF16 original, then quantize the nested file")
     if calib is None:
         log.warning("no --calib file: scoring importance on a generic sample; fine for tests, "
                     "not for ranking a real model")
@@ -134,8 +137,9 @@ def nest(src: str | Path, out: str | Path, budgets: dict[str, float], calib: str
     }
     n = len(expected_shapes(cfg, full))
     with CheckpointWriter(out, overwrite=overwrite) as w:
-        for k, (name, t) in enumerate(select_tensors(cfg, reader, sel, stored)):
-            w.add(name, t)
+        for k, (name, req) in enumerate(select_plan(cfg, sel, stored)):
+            for out_name, t in materialize(reader, name, req):
+                w.add(out_name, t)
             if progress:
                 progress(k + 1, n, f"writing {name}")
         w.write_json("config.json", config)

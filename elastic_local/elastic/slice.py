@@ -8,6 +8,8 @@ and other runtimes do not. Smaller budgets nested inside the extracted one stay 
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +20,8 @@ from ..checkpoint.load import BLOCK_TYPES, checkpoint_tensors, stored_budget
 from ..checkpoint.write import CheckpointWriter
 from ..model.budget import Budget
 from ..model.config import NemotronHConfig
-from .select import LayerSelection, Selection, select_tensors
+from ..quant.scheme import read_quant_config
+from .select import LayerSelection, Selection, materialize, select_plan
 from .table import budget_entry, is_homogeneous, read_budgets
 
 Progress = Callable[[int, int, str], None]
@@ -90,6 +93,22 @@ def sliced_config(cfg: NemotronHConfig, b: Budget, nested: dict[str, Budget]) ->
     return raw, homogeneous
 
 
+def renumbered_quant_config(src: Path, b: Budget) -> dict:
+    """hf_quant_config.json of the export: exclude_modules follow their layers to their new numbers, and
+    entries of layers the budget drops go away."""
+    q = json.loads((src / "hf_quant_config.json").read_text())
+    new_index = {i: j for j, i in enumerate(i for i, s in enumerate(b.layers) if s.enabled)}
+    kept = []
+    for entry in q["quantization"].get("exclude_modules") or []:
+        m = re.match(r"^(backbone\.layers\.)(\d+)(\..*|\*.*)?$", entry)
+        if m is None:
+            kept.append(entry)
+        elif int(m.group(2)) in new_index:
+            kept.append(f"{m.group(1)}{new_index[int(m.group(2))]}{m.group(3) or ''}")
+    q["quantization"]["exclude_modules"] = kept
+    return q
+
+
 def slice_budget(src: str | Path, out: str | Path, budget: str, progress: Progress | None = None,
                  overwrite: bool = False) -> tuple[Path, bool]:
     """Write `budget` of the nested checkpoint `src` to `out`. Returns (out, loadable by other runtimes)."""
@@ -101,15 +120,19 @@ def slice_budget(src: str | Path, out: str | Path, budget: str, progress: Progre
     b = budgets[budget]
     stored = stored_budget(cfg)
     raw, homogeneous = sliced_config(cfg, b, budgets)
+    precision, kept = read_quant_config(src)
     reader = Reader(checkpoint_tensors(src))
     sel = prefix_selection(cfg, stored, b)
     heads = [s.mamba_heads or s.attention_heads or None for s in stored.layers]
-    n = 4 + sum({"M": 8, "*": 5, "E": 5, "-": 3}[s.kind] + 2 * s.experts for s in b.layers if s.enabled)
+    plan = list(select_plan(cfg, sel, heads))
     with CheckpointWriter(out, overwrite=overwrite) as w:
-        for k, (name, t) in enumerate(select_tensors(cfg, reader, sel, heads)):
-            w.add(name, t)
+        for k, (name, req) in enumerate(plan):
+            for out_name, t in materialize(reader, name, req, precision, kept):
+                w.add(out_name, t)
             if progress:
-                progress(min(k + 1, n), n, name)
+                progress(k + 1, len(plan), name)
         w.write_json("config.json", raw)
         w.carry(src)
+        if precision != "bf16":
+            w.write_json("hf_quant_config.json", renumbered_quant_config(src, b))
         return w.close(), homogeneous

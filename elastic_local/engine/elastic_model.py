@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
+import json
+import threading
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..model.budget import Budget
 from ..model.config import NemotronHConfig
 from ..model.nemotron_h import HybridCache, NemotronH
+from .events import Result
+from .generate import Generation, Request, Specials, Stream
+from .tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from .chat import Chat
+
+Prompt = Sequence[int] | torch.Tensor
 
 
 class ElasticModel:
-    def __init__(self, net: NemotronH, budgets: dict[str, Budget], path: Path | None = None):
+    def __init__(self, net: NemotronH, budgets: dict[str, Budget], path: Path | None = None,
+                 tokenizer: Tokenizer | None = None):
         self.net, self.path = net, path
         self._budgets = budgets  # every budget the resident weights can run, largest first
+        self.tokenizer = tokenizer  # None when the checkpoint has no tokenizer.json
 
     @property
     def config(self) -> NemotronHConfig:
@@ -44,3 +58,71 @@ class ElasticModel:
     def logits(self, input_ids: torch.Tensor, budget: str | None = None) -> torch.Tensor:
         """Logits of a whole sequence from scratch: LongTensor [B, T] -> FloatTensor [B, T, vocab]."""
         return self.net.forward(input_ids.to(self.net.device), self.budget(budget))
+
+    # ------------------------------------------------------------------------------------------ generation
+    # The prompt ends where thinking starts (after `<think>`; after `</think>` for thinking off). Options
+    # are generate.Request's fields: think_budget, answer_budget, max_think_tokens, max_answer_tokens,
+    # temperature, top_k, top_p, min_p, seed, stop, stop_ids, ignore_eos, think_close, transplant.
+
+    @property
+    def specials(self) -> Specials:
+        """`<think>` / `</think>` ids (from the tokenizer) and every eos id the checkpoint names
+        (config.json, generation_config.json, tokenizer_config.json)."""
+        eos: set[int] = set()
+
+        def add(v) -> None:
+            if v is not None:
+                eos.update(v if isinstance(v, list) else [v])
+
+        add(self.config.eos_token_id)
+        if self.path is not None and (Path(self.path) / "generation_config.json").is_file():
+            add(json.loads((Path(self.path) / "generation_config.json").read_text()).get("eos_token_id"))
+        start = end = None
+        if self.tokenizer is not None:
+            eos |= self.tokenizer.eos_ids
+            start, end = self.tokenizer.think_ids
+        return Specials(start, end, frozenset(eos))
+
+    def generate(self, prompt_ids: Prompt | Sequence[Prompt], *, cancel: threading.Event | None = None,
+                 **options) -> Result | list[Result]:
+        """Generate for one prompt (ids) -> Result, or for several (a list of id lists, or [B, T]) ->
+        one Result each, decoded together. `cancel` (a threading.Event) stops it before the next token."""
+        prompts, single = _prompts(prompt_ids)
+        results = Generation(self, prompts, Request(**options), cancel=cancel).collect()
+        return results[0] if single else results
+
+    def stream(self, prompt_ids: Prompt | Sequence[Prompt], **options) -> Stream:
+        """Like generate, on a background thread: iterate the Stream for Token / CatchUp / Switch / Done
+        events; `.switch(think=..., answer=...)` and `.cancel()` act from the next token on."""
+        prompts, _ = _prompts(prompt_ids)
+        return Stream(Generation(self, prompts, Request(**options)))
+
+    def chat(self, system: str | None = None, think: bool = True, **options) -> Chat:
+        """A multi-turn conversation that reuses caches between turns (see chat.py); `options` are the
+        defaults of every turn."""
+        from .chat import Chat
+
+        return Chat(self, system=system, think=think, **options)
+
+    def chat_prompt(self, text: str | list[dict], think: bool = True, system: str | None = None) -> list[int]:
+        """Token ids of one user message (or a list of messages) with the assistant's turn opened."""
+        from .chat import ChatTemplate, context_messages
+
+        if self.tokenizer is None:
+            raise ValueError("this checkpoint has no tokenizer.json; pass token ids instead")
+        messages = [{"role": "user", "content": text}] if isinstance(text, str) else list(text)
+        if system:
+            messages = [{"role": "system", "content": system}] + messages
+        tok = self.tokenizer
+        template = ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token)
+        return tok.encode(template.render(context_messages(messages), True, think))
+
+
+def _prompts(p) -> tuple[list[list[int]], bool]:
+    """(prompts, single): one prompt is a flat sequence of ids; a batch is a list of them or [B, T]."""
+    if isinstance(p, torch.Tensor):
+        return (p.tolist(), False) if p.dim() == 2 else ([p.tolist()], True)
+    p = list(p)
+    if p and isinstance(p[0], (Sequence, torch.Tensor)):
+        return [q.tolist() if isinstance(q, torch.Tensor) else list(q) for q in p], False
+    return [[int(x) for x in p]], True

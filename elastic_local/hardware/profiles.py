@@ -246,3 +246,14 @@ def profile_from_probe(p: MachineProbe, device: int | None = None) -> Profile:
         reserved_bytes=p.ram_total_bytes - p.ram_available_bytes,
         notes="; ".join([ram, *p.notes]), source="psutil",
     )
+
+
+def render_profiles(profiles: dict[str, Profile]) -> str:
+    """One line per profile: name, memory (total and usable), compute capability, bandwidth, where from."""
+    rows = [("name", "kind", "memory", "usable", "sm", "GB/s", "description / source")]
+    for name, p in profiles.items():
+        bw = "-" if p.memory_bandwidth_gbps is None else f"{p.memory_bandwidth_gbps:g}"
+        rows.append((name, p.kind, f"{p.memory_bytes / GIB:.1f} GiB", f"{p.available_bytes / GIB:.1f} GiB",
+                     p.sm or "-", bw, f"{p.description}; {p.source or p.path}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join(" ".join(v.ljust(w) for v, w in zip(r, widths)) + " " + r[-1] for r in rows)

@@ -66,6 +66,10 @@ def moe(x: torch.Tensor, w: MoEWeights, experts: int, channels: int, shared_chan
     d = shape[-1]
     flat = x.reshape(-1, d)
     weights, ids = route(flat, w.gate, w.bias, experts, cfg)
+    if flat.shape[0] == 1:  # one token (batch-1 decode): just its k experts, no sorting
+        out = sum(mlp(flat, w.up[e], w.down[e], channels) * wt
+                  for e, wt in zip(ids[0].tolist(), weights[0].to(x.dtype).unbind()))
+        return out.view(shape) + mlp(x, w.shared_up, w.shared_down, shared_channels)
     k = ids.shape[1]
     order = ids.reshape(-1).argsort()
     counts = torch.bincount(ids.reshape(-1), minlength=experts).tolist()

@@ -76,6 +76,12 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     """silu(depthwise causal conv) of x [b, T, C] with weight [C, K]. With a state [b, C, K] holding the
     last K inputs, the convolution continues from it and the state is updated in place."""
     T, K = x.shape[1], weight.shape[1]
+    if state is not None and T == 1:  # decode: shift the window by one and take one dot product per channel
+        state.copy_(torch.cat([state[:, :, 1:], x.transpose(1, 2).to(state.dtype)], dim=-1))
+        out = (state * weight).sum(-1)
+        if bias is not None:
+            out = out + bias
+        return F.silu(out)[:, None].to(x.dtype)
     xt = x.transpose(1, 2)
     if state is None:
         window = F.pad(xt, (K - 1, 0))

@@ -19,9 +19,11 @@ from .linear import QuantizedWeight, finite_amax
 E4M3_MAX = 448.0
 
 
-def quantize_fp8(w: Tensor, name: str = "weight") -> FP8Weight:
-    """Quantize a [out, in] weight with one fp32 scale."""
-    scale = finite_amax(w, name).float() / E4M3_MAX
+def quantize_fp8(w: Tensor, name: str = "weight", weight_scale: Tensor | None = None) -> FP8Weight:
+    """Quantize a [out, in] weight with one fp32 scale (its own, or a given one: a slice quantized with its
+    parent's scale equals the slice of the quantized parent)."""
+    amax = finite_amax(w, name)
+    scale = amax.float() / E4M3_MAX if weight_scale is None else weight_scale.float()
     if scale == 0:  # all-zero weight: modelopt would compute 0/0; store exact zeros instead
         return FP8Weight(torch.zeros_like(w, dtype=torch.float8_e4m3fn), scale)
     return FP8Weight((w.float() / scale).to(w.dtype).to(torch.float8_e4m3fn), scale)

@@ -1,0 +1,54 @@
+"""Next-token choice from logits: greedy argmax at temperature 0, otherwise temperature, top-k, top-p,
+min-p (in that order, as transformers applies them) and a draw from a seeded generator. No penalties."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.0  # 0: greedy argmax
+    top_k: int = 0  # keep the k most likely tokens (0: all)
+    top_p: float = 1.0  # keep the smallest set whose probability reaches top_p
+    min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one
+    seed: int | None = None  # None: torch's global generator
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} must be >= 0")
+        if self.top_k < 0 or not 0 < self.top_p <= 1 or not 0 <= self.min_p <= 1:
+            raise ValueError(f"need top_k >= 0, 0 < top_p <= 1, 0 <= min_p <= 1; got {self.top_k}, "
+                             f"{self.top_p}, {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def generator(self, device: torch.device) -> torch.Generator | None:
+        return None if self.seed is None else torch.Generator(device).manual_seed(self.seed)
+
+
+def logits_to_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
+    """[B, V] float logits -> [B, V] probabilities after temperature, top-k, top-p and min-p."""
+    logits = logits.float() / s.temperature
+    if s.top_k and s.top_k < logits.shape[-1]:
+        kth = logits.topk(s.top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, -torch.inf)
+    probs = logits.softmax(-1)
+    if s.top_p < 1.0:
+        p, order = probs.sort(dim=-1, descending=True)
+        drop = p.cumsum(-1) - p >= s.top_p  # the mass before a token already reaches top_p (keeps the first)
+        probs = probs.scatter(-1, order, p.masked_fill(drop, 0.0))
+    if s.min_p > 0.0:
+        probs = probs.masked_fill(probs < s.min_p * probs.amax(-1, keepdim=True), 0.0)
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def sample(logits: torch.Tensor, s: Sampling, generator: torch.Generator | None = None) -> torch.Tensor:
+    """[B, V] logits -> [B] token ids."""
+    if s.greedy:
+        return logits.argmax(-1)
+    return torch.multinomial(logits_to_probs(logits, s), 1, generator=generator)[:, 0]

@@ -1,0 +1,124 @@
+"""`elastic-local quantize`: post-training quantization of a nested BF16 checkpoint to FP8 or NVFP4.
+
+Weights are quantized tensor by tensor in the file's own layout (whole tensors, so each keeps one
+per-tensor scale and every budget's prefix is an exact sub-block); activation scales come from one
+calibration pass of the full model. The output is a nested checkpoint in NVIDIA Model Optimizer's
+layout: `hf_quant_config.json`, a `quantization_config` in config.json, and the budget table as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from .. import __version__
+from ..checkpoint.files import Reader
+from ..checkpoint.load import checkpoint_tensors, expected_shapes, load_network, stored_budget
+from ..checkpoint.write import CheckpointWriter
+from ..elastic.importance import calibration_ids
+from ..elastic.select import LayerSelection, Selection, select_plan, take
+from ..elastic.table import read_budgets
+from ..model.config import NemotronHConfig
+from .calibrate import input_amax
+from .fp8 import E4M3_MAX
+from .nvfp4 import E2M1_MAX
+from .scheme import GROUP_SIZE, QUANT_ALGO, is_quantized, module_of, nano_keep, quantize, read_quant_config
+
+log = logging.getLogger(__name__)
+Progress = Callable[[int, int, str], None]
+
+
+def identity_selection(cfg: NemotronHConfig) -> Selection:
+    full = stored_budget(cfg)
+    layers = []
+    for i, s in enumerate(full.layers):
+        ls = LayerSelection(source=i)
+        if s.kind in "M*":
+            ls.heads = torch.arange(s.mamba_heads or s.attention_heads)
+        elif s.kind == "E":
+            ls.experts = torch.arange(s.experts)
+            ls.channels = [torch.arange(s.expert_channels)] * s.experts
+            ls.shared = torch.arange(s.shared_channels)
+        else:
+            ls.channels = torch.arange(s.mlp_channels)
+        layers.append(ls)
+    return Selection(hidden=torch.arange(full.hidden), layers=layers)
+
+
+def exclude_modules(cfg: NemotronHConfig, keep: list[str]) -> list[str]:
+    """Real module names left in high precision: lm_head, the embedding, each router and conv1d, and every
+    Linear a --keep pattern holds back. Each names a module that exists in the checkpoint."""
+    out = ["backbone.embeddings", "lm_head"]
+    for i, kind in enumerate(cfg.pattern):
+        if kind == "E":
+            out.append(f"backbone.layers.{i}.mixer.gate")
+        if kind == "M":
+            out.append(f"backbone.layers.{i}.mixer.conv1d")
+    for name in expected_shapes(cfg, stored_budget(cfg)):
+        if name.endswith(".weight") and module_of(name) not in out and not is_quantized(name, keep) \
+                and is_quantized(name):
+            out.append(module_of(name))
+    return out
+
+
+def quantize_checkpoint(src: str | Path, out: str | Path, precision: str, calib: str | Path | None = None,
+                        keep: tuple[str, ...] = (), preset: str | None = None, device: str = "cpu",
+                        max_tokens: int = 4096, seq_len: int = 512, progress: Progress | None = None,
+                        overwrite: bool = False) -> Path:
+    src = Path(src)
+    if precision not in QUANT_ALGO:
+        raise ValueError(f"--precision {precision!r}: choose from {sorted(QUANT_ALGO)}")
+    cfg = NemotronHConfig.from_dir(src)
+    if read_quant_config(src)[0] != "bf16":
+        raise ValueError(f"{src} is already quantized; quantize its BF16 original")
+    if cfg.raw.get("elastic"):
+        read_budgets(cfg, where=str(src / "config.json"))  # every budget's cuts must be 16-aligned
+    if preset not in (None, "nano"):
+        raise ValueError(f"unknown preset {preset!r}; known: nano (attention layers and the Mamba layers feeding "
+                         "them stay BF16)")
+    keep_list = list(keep) + (nano_keep(cfg) if preset == "nano" else [])
+    if calib is None:
+        log.warning("no --calib file: activation scales from a generic sample")
+
+    net = load_network(src, device=device, dtype=torch.float32, progress=progress)
+    ids, source = calibration_ids(calib, src, cfg.vocab_size, max_tokens)
+    amax = input_amax(net, [ids[i:i + seq_len] for i in range(0, len(ids), seq_len) if len(ids[i:i + seq_len]) > 1])
+    del net
+    act_max = E4M3_MAX if precision == "fp8" else E2M1_MAX * E4M3_MAX
+
+    reader = Reader(checkpoint_tensors(src))
+    full = stored_budget(cfg)
+    plan = list(select_plan(cfg, identity_selection(cfg), [s.mamba_heads or s.attention_heads or None
+                                                           for s in full.layers]))
+    excluded = exclude_modules(cfg, keep_list)
+    q = {"quant_algo": QUANT_ALGO[precision], "kv_cache_quant_algo": None, "group_size": GROUP_SIZE,
+         "exclude_modules": excluded}
+    config = dict(cfg.raw)
+    config["quantization_config"] = {"quant_method": "modelopt", **q}
+    with CheckpointWriter(out, overwrite=overwrite) as w:
+        for k, (name, req) in enumerate(plan):
+            src_name = req[0]
+            t = take(reader, *req)
+            if not is_quantized(src_name, keep_list):
+                if src_name.endswith(("gate.weight", "e_score_correction_bias")):
+                    t = t.float()  # the router stays fp32
+                w.add(name, t)
+            else:
+                qw = quantize(t, precision, src_name)
+                stem = name[: -len(".weight")]
+                w.add(name, qw.weight)
+                w.add(f"{stem}.weight_scale", qw.weight_scale.reshape(qw.weight_scale.shape))
+                if precision == "nvfp4":
+                    w.add(f"{stem}.weight_scale_2", qw.weight_scale_2.reshape(()))
+                w.add(f"{stem}.input_scale", torch.tensor(max(amax.get(src_name, 0.0), 1e-12) / act_max))
+            if progress:
+                progress(k + 1, len(plan), name)
+        w.write_json("config.json", config)
+        w.write_json("hf_quant_config.json", {"producer": {"name": "elastic-local", "version": __version__},
+                                              "quantization": q, "calibration": {"source": source,
+                                                                                 "tokens": len(ids)}})
+        w.carry(src)
+        return w.close()

@@ -1,0 +1,120 @@
+"""Which tensors a precision quantizes, what it stores for them, and what it costs in bytes.
+
+Model Optimizer's layout (SPEC §5): a quantized Linear `X.weight` becomes
+    FP8:   X.weight float8_e4m3fn [out, in],  X.weight_scale f32 [],  X.input_scale f32 []
+    NVFP4: X.weight uint8 [out, in/2],  X.weight_scale float8_e4m3fn [out, in/16],
+           X.weight_scale_2 f32 [],  X.input_scale f32 []
+Everything else stays in high precision: embeddings, lm_head, conv1d, norms, A_log, D, dt_bias and
+the router (fp32). `exclude_modules` lists the real module names kept that way.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+
+from ..model.budget import Budget
+from ..model.config import NemotronHConfig
+
+PRECISIONS = ("bf16", "fp8", "nvfp4")
+QUANT_ALGO = {"fp8": "FP8", "nvfp4": "NVFP4"}
+GROUP_SIZE = 16
+_LINEAR = re.compile(r"^layers\.\d+\.mixer\.(in_proj|out_proj|[qkvo]_proj|up_proj|down_proj|"
+                     r"experts\.\d+\.(up|down)_proj|shared_experts\.(up|down)_proj)\.weight$")
+_FP32 = re.compile(r"(gate\.weight|e_score_correction_bias|A_log|\.D|dt_bias)$")
+
+
+def module_of(name: str) -> str:
+    """Hub module name of a canonical tensor name: layers.3.mixer.in_proj.weight -> backbone.layers.3.mixer.in_proj."""
+    stem = name.rsplit(".", 1)[0]
+    return stem if stem == "lm_head" else f"backbone.{stem}"
+
+
+def nano_keep(cfg: NemotronHConfig) -> list[str]:
+    """NVIDIA's conservative Nano recipe: attention layers and the Mamba layers feeding them stay BF16."""
+    keep = []
+    for i, kind in enumerate(cfg.pattern):
+        if kind == "*":
+            keep.append(f"backbone.layers.{i}.mixer.*")
+            j = i - 1
+            while j >= 0 and cfg.pattern[j] != "M":
+                j -= 1
+            if j >= 0:
+                keep.append(f"backbone.layers.{j}.mixer.*")
+    return keep
+
+
+def is_quantized(name: str, keep: list[str] = ()) -> bool:
+    """Whether canonical tensor `name` is a Linear weight that a quantized precision stores quantized."""
+    return bool(_LINEAR.match(name)) and not any(fnmatch.fnmatchcase(module_of(name), k) for k in keep)
+
+
+def stored_tensors(name: str, shape: tuple[int, ...], precision: str, keep: list[str] = ()) -> dict:
+    """{tensor name: (safetensors dtype, shape)} that `precision` stores for one logical tensor."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose from {list(PRECISIONS)}")
+    if precision == "bf16" or not is_quantized(name, keep):
+        return {name: ("F32" if _FP32.search(name) else "BF16", shape)}
+    stem = name[: -len(".weight")]
+    out, k = shape
+    if precision == "fp8":
+        return {name: ("F8_E4M3", shape), f"{stem}.weight_scale": ("F32", ()), f"{stem}.input_scale": ("F32", ())}
+    return {name: ("U8", (out, k // 2)), f"{stem}.weight_scale": ("F8_E4M3", (out, k // GROUP_SIZE)),
+            f"{stem}.weight_scale_2": ("F32", ()), f"{stem}.input_scale": ("F32", ())}
+
+
+def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
+    from ..checkpoint.files import DTYPE_BYTES
+
+    n = DTYPE_BYTES[dtype]
+    for d in shape:
+        n *= d
+    return n
+
+
+def weight_bytes(cfg: NemotronHConfig, budget: Budget, precision: str, keep: list[str] = (),
+                 active: bool = False) -> int:
+    """Exact bytes of a budget's weights at a precision: the sum of the tensors its file would hold.
+    `active`: only what one decoded token reads (the top-k routed experts, one embedding row)."""
+    from ..checkpoint.load import expected_shapes
+
+    total = 0
+    for name, shape in expected_shapes(cfg, budget).items():
+        expert = re.search(r"\.experts\.(\d+)\.", name)
+        if active and expert and int(expert.group(1)) >= cfg.num_experts_per_tok:
+            continue
+        for dtype, s in stored_tensors(name, shape, precision, keep).values():
+            total += _nbytes(dtype, s[1:] if active and name == "embeddings.weight" else s)
+    return total
+
+
+def read_quant_config(path) -> tuple[str, list[str]]:
+    """(stored precision, modules kept in high precision) of a checkpoint directory."""
+    import json
+    from pathlib import Path
+
+    file = Path(path) / "hf_quant_config.json"
+    if not file.is_file():
+        return "bf16", []
+    q = json.loads(file.read_text()).get("quantization", {})
+    algo = q.get("quant_algo")
+    by_algo = {v: k for k, v in QUANT_ALGO.items()}
+    if algo not in by_algo:
+        raise ValueError(f"{file}: quant_algo {algo!r} is not supported; this runner reads {sorted(by_algo)}")
+    if algo == "NVFP4" and q.get("group_size", GROUP_SIZE) != GROUP_SIZE:
+        raise ValueError(f"{file}: NVFP4 group_size {q.get('group_size')} is not {GROUP_SIZE}")
+    return by_algo[algo], list(q.get("exclude_modules") or [])
+
+
+def quantize(w, precision: str, name: str, amax=None):
+    """Quantize a weight; `amax` (of the full stored tensor) fixes the per-tensor scale, so that a slice
+    quantized now equals the same slice of the whole tensor quantized."""
+    from .fp8 import E4M3_MAX, quantize_fp8
+    from .nvfp4 import E2M1_MAX, quantize_nvfp4
+
+    given = amax is not None and float(amax) > 0
+    if precision == "fp8":
+        return quantize_fp8(w, name, amax.float() / E4M3_MAX if given else None)
+    if precision == "nvfp4":
+        return quantize_nvfp4(w, amax.float() / (E2M1_MAX * E4M3_MAX) if given else None, name)
+    raise ValueError(f"cannot quantize to {precision!r}")

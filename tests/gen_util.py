@@ -1,0 +1,76 @@
+"""Shared by the generation and chat tests: a tiny elastic model with two budgets and a tokenizer, and
+the oracle check that every generated token is the greedy argmax of its budget run from scratch."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from tiny import make_checkpoint, write_tokenizer
+
+import elastic_local
+from elastic_local.engine import ElasticModel
+from elastic_local.engine.events import Token
+from elastic_local.model import Budget
+
+# near-ties (top-2 logit gap below this) are not checked: float rounding may order them either way
+TIE = 1e-4
+
+
+def small_budget(cfg) -> Budget:
+    """Half of every axis: Mamba heads per group, query heads per KV group, experts (>= top-k), expert,
+    shared and MLP channels; three quarters of the hidden width."""
+    layers = []
+    for s in Budget.full(cfg).layers:
+        if s.kind == "M":
+            s = replace(s, mamba_heads=s.mamba_heads // 2)
+        elif s.kind == "*":
+            s = replace(s, attention_heads=s.attention_heads // 2)
+        elif s.kind == "E":
+            s = replace(s, experts=max(cfg.num_experts_per_tok, s.experts // 2), expert_channels=s.expert_channels // 2,
+                        shared_channels=s.shared_channels // 2)
+        else:
+            s = replace(s, mlp_channels=s.mlp_channels // 2)
+        layers.append(s)
+    return Budget("small", cfg.hidden_size * 3 // 4, tuple(layers))
+
+
+def elastic_model(path: Path, seed: int = 0, prefill_chunk: int = 8, **overrides) -> ElasticModel:
+    """The ElasticModel a nested checkpoint with budgets "full" and "small" gives (float32, CPU)."""
+    if not (path / "config.json").is_file():
+        make_checkpoint(path, seed=seed, **overrides)
+        write_tokenizer(path)
+    base = elastic_local.load(path)
+    base.net.prefill_chunk = prefill_chunk  # catch-ups longer than this run in several chunks
+    cfg = base.config
+    return ElasticModel(base.net, {"full": Budget.full(cfg), "small": small_budget(cfg)}, path, base.tokenizer)
+
+
+def assert_argmax(m: ElasticModel, ids: list[int], tokens: list[tuple[int, str]]) -> int:
+    """Every (position, budget) in `tokens`: ids[position] is the argmax of that budget's logits over
+    ids[:position], computed from scratch (one full forward per budget). Returns how many were checked."""
+    checked = 0
+    seq = torch.tensor([ids])
+    for budget in {b for _, b in tokens}:
+        logits = m.logits(seq, budget=budget)[0]
+        for t, b in tokens:
+            if b != budget:
+                continue
+            top = logits[t - 1].topk(2)
+            if top.values[0] - top.values[1] < TIE:
+                continue
+            assert int(top.indices[0]) == ids[t], f"position {t}: {ids[t]} is not {budget}'s argmax {int(top.indices[0])}"
+            checked += 1
+    return checked
+
+
+def sampled_tokens(events, prompt_len: int, row: int = 0) -> list[tuple[int, str]]:
+    """(position, budget) of every token the model sampled (forced ones left out), from Token events."""
+    out, pos = [], prompt_len
+    for ev in events:
+        if isinstance(ev, Token) and ev.row == row:
+            if not ev.forced:
+                out.append((pos, ev.budget))
+            pos += 1
+    return out

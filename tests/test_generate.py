@@ -1,0 +1,278 @@
+"""Generation with elastic budget control, checked against the model run from scratch.
+
+The oracle: with greedy decoding every token the model produced in a phase is the argmax of that
+phase's budget run from scratch (`m.logits`, no cache) on the sequence before it. That holds only if
+every catch-up — prefill, think -> answer hand-over, live switch — fed each budget exactly the tokens
+of the sequence."""
+
+import threading
+
+import pytest
+import torch
+from gen_util import assert_argmax, elastic_model, sampled_tokens
+
+from elastic_local.engine.caches import take_rows, transplant
+from elastic_local.engine.events import CatchUp, Done, Switch, Token
+from elastic_local.engine.generate import Generation, Request, Specials
+from elastic_local.engine.sampling import Sampling, logits_to_probs, sample
+
+CLOSE = "ok."  # a short closing text keeps the tests fast (the default is a sentence)
+
+
+@pytest.fixture(scope="module")
+def m(tmp_path_factory):
+    return elastic_model(tmp_path_factory.mktemp("gen"), seed=3)
+
+
+def run(m, prompts, **options):
+    """Run a generation synchronously; (events, results)."""
+    options.setdefault("think_close", CLOSE)
+    events = list(Generation(m, prompts, Request(**options)).run())
+    assert isinstance(events[-1], Done)
+    return events, events[-1].results
+
+
+@pytest.mark.parametrize("think, answer", [("small", "full"), ("full", "small"), ("full", "full")])
+def test_greedy_tokens_are_the_argmax_of_their_phase_budget(m, think, answer):
+    prompt = m.chat_prompt("the answer is")
+    events, [r] = run(m, [prompt], think_budget=think, answer_budget=answer, max_think_tokens=12,
+                      max_answer_tokens=10, ignore_eos=True)
+    assert r.ids == prompt + r.think_ids + r.answer_ids
+    assert r.think_end == "budget" and r.finish_reason == "answer_limit" and r.finish_phase == "answer"
+    tokens = sampled_tokens(events, len(prompt))
+    assert {b for t, b in tokens if t < len(prompt) + len(r.think_ids)} == {think}
+    assert {b for t, b in tokens if t >= len(prompt) + len(r.think_ids)} == {answer}
+    assert assert_argmax(m, r.ids, tokens) >= len(tokens) - 2
+    # the answer budget took over with one chunked catch-up of everything it had not seen
+    catch = [e for e in events if isinstance(e, CatchUp)]
+    assert catch[0].prefill and catch[0].tokens == len(prompt) and catch[0].budget == think
+    if think != answer:
+        assert catch[1].budget == answer and catch[1].tokens == len(prompt) + len(r.think_ids)
+        assert r.stats.catch_up_tokens == catch[1].tokens
+    assert r.stats.think_budgets == [think] and r.stats.answer_budgets == [answer]
+
+
+def test_think_budget_closes_thinking_exactly(m):
+    prompt = m.chat_prompt("count")
+    close = m.tokenizer.encode(CLOSE) + [m.specials.think_end]
+    for n in (0, 1, 7):
+        _, [r] = run(m, [prompt], max_think_tokens=n, max_answer_tokens=3, ignore_eos=True, think_budget="small")
+        assert len(r.think_ids) == n + len(close) and r.think_ids[n:] == close
+        assert r.think_end == "budget" and len(r.answer_ids) == 3
+        assert r.think_text.endswith(CLOSE)
+    _, [r] = run(m, [prompt], max_think_tokens=5, max_answer_tokens=3, ignore_eos=True, think_close="")
+    assert r.think_ids[5:] == [m.specials.think_end]
+
+
+def test_think_limit_without_a_close_stops_inside_thinking(m):
+    prompt = m.chat_prompt("count")
+    _, [r] = run(m, [prompt], max_think_tokens=None, max_answer_tokens=4, ignore_eos=True,
+                 stop_ids=(m.specials.think_end,))  # a stop token id ends the generation in either phase
+    # whatever happens, the finish reason says in which phase it ended
+    assert r.finish_phase in ("think", "answer") and r.finish_reason in ("stop", "answer_limit")
+
+
+def test_the_model_closing_thinking_hands_over_to_the_answer_budget(m):
+    """Pretend the first thinking token the model writes is `</think>`: thinking ends there (think_end
+    "model") and the answer budget catches up on prompt + thinking."""
+    prompt = m.chat_prompt("why")
+    _, [free] = run(m, [prompt], max_think_tokens=6, max_answer_tokens=2, ignore_eos=True, think_budget="small")
+    end = free.think_ids[2]
+    sp = m.specials
+
+    class Renamed(type(m)):
+        specials = Specials(sp.think_start, end, sp.eos)
+
+    m2 = Renamed(m.net, m._budgets, m.path, m.tokenizer)
+    prompt2 = [t for t in prompt]
+    events, [r] = run(m2, [prompt2], think_budget="small", answer_budget="full", max_think_tokens=20,
+                      max_answer_tokens=5, ignore_eos=True)
+    first = free.think_ids.index(end)
+    assert r.think_ids == free.think_ids[: first + 1] and r.think_end == "model"
+    assert len(r.answer_ids) == 5
+    assert assert_argmax(m, r.ids, sampled_tokens(events, len(prompt))) >= 6
+
+
+def test_live_switch_in_the_middle_of_thinking(m):
+    prompt = m.chat_prompt("switch")
+    gen = Generation(m, [prompt], Request(think_budget="full", answer_budget="full", max_think_tokens=16,
+                                          max_answer_tokens=6, ignore_eos=True, think_close=CLOSE))
+    events = []
+    for ev in gen.run():
+        events.append(ev)
+        thinking = [e for e in events if isinstance(e, Token) and e.phase == "think"]
+        if len(thinking) == 5 and not any(isinstance(e, Switch) for e in events):
+            gen.switch(think="small")  # effective at the very next token
+        if len(thinking) == 10 and sum(isinstance(e, Switch) for e in events) == 1:
+            gen.switch(think="full", answer="small")
+    r = events[-1].results[0]
+    tokens = sampled_tokens(events, len(prompt))
+    budgets = [b for _, b in tokens]
+    assert budgets[:5] == ["full"] * 5 and budgets[5:10] == ["small"] * 5 and budgets[10:16] == ["full"] * 6
+    assert budgets[16:] == ["small"] * 6 and r.stats.think_budgets == ["full", "small", "full"]
+    assert assert_argmax(m, r.ids, tokens) >= len(tokens) - 2
+    # switching back, "full" caught up on exactly the 5 tokens "small" produced (plus its own last one)
+    catch = [e for e in events if isinstance(e, CatchUp)]
+    assert [(c.budget, c.tokens) for c in catch[1:3]] == [("small", len(prompt) + 5), ("full", 6)]
+
+
+def test_switch_from_another_thread_while_streaming(m):
+    prompt = m.chat_prompt("stream")
+    s = m.stream(prompt, think_budget="full", answer_budget="full", max_think_tokens=30, max_answer_tokens=4,
+                 ignore_eos=True, think_close=CLOSE)
+    events = []
+    for ev in s:
+        events.append(ev)
+        if isinstance(ev, Token) and len(events) == 3:
+            threading.Thread(target=s.switch, kwargs={"think": "small"}).start()
+    r = s.result
+    assert any(isinstance(e, Switch) for e in events)
+    tokens = sampled_tokens(events, len(prompt))
+    assert {b for _, b in tokens[:3]} == {"full"} and tokens[16][1] == "small"
+    assert assert_argmax(m, r.ids, tokens) >= len(tokens) - 2
+    assert [e.id for e in events if isinstance(e, Token)] == r.ids[len(prompt):]
+
+
+def test_stop_strings_cut_the_answer_and_its_stream(m):
+    prompt = m.chat_prompt("say it", think=False)
+    _, [free] = run(m, [prompt], max_answer_tokens=30, ignore_eos=True)
+    text = free.answer_text
+    stop = next(text[i:i + 3] for i in range(4, len(text) - 3) if "\ufffd" not in text[i:i + 3]
+                and "<" not in text[i:i + 3])
+    events, [r] = run(m, [prompt], max_answer_tokens=30, ignore_eos=True, stop=[stop, "no such text"])
+    assert r.finish_reason == "stop" and r.answer_text == text[: text.find(stop)]
+    assert "".join(e.text for e in events if isinstance(e, Token) and e.phase == "answer") == r.answer_text
+    assert r.answer_ids == free.answer_ids[: len(r.answer_ids)]
+
+
+def test_eos_and_stop_ids(m):
+    prompt = m.chat_prompt("stop", think=False)
+    _, [free] = run(m, [prompt], max_answer_tokens=12, ignore_eos=True)
+    stop_id = free.answer_ids[4]
+    _, [r] = run(m, [prompt], max_answer_tokens=12, ignore_eos=True, stop_ids=(stop_id,))
+    assert r.answer_ids == free.answer_ids[: free.answer_ids.index(stop_id) + 1] and r.finish_reason == "stop"
+    _, [r] = run(m, [prompt], max_answer_tokens=0)
+    assert r.answer_ids == [] and r.finish_reason == "answer_limit" and r.think_end == "prompt"
+
+
+def test_cancel_stops_at_a_token_and_leaves_a_consistent_state(m):
+    prompt = m.chat_prompt("cancel me")
+    options = dict(max_think_tokens=40, max_answer_tokens=40, ignore_eos=True, think_close=CLOSE)
+    _, [free] = run(m, [prompt], **options)
+    s = m.stream(prompt, **options)
+    seen = 0
+    for ev in s:
+        if isinstance(ev, Token):
+            seen += 1
+            if seen == 4:
+                s.cancel()
+    r = s.result
+    assert r.finish_reason == "cancelled" and 4 <= len(r.ids) - len(prompt) < len(free.ids) - len(prompt)
+    assert r.ids == free.ids[: len(r.ids)]  # a prefix of the uncancelled run
+    stop = threading.Event()
+    stop.set()
+    r = m.generate(prompt, cancel=stop, **options)
+    assert r.finish_reason == "cancelled" and r.ids == prompt
+    # a generation cancelled half-way keeps every cache a prefix of its row
+    gen = Generation(m, [prompt], Request(**options))
+    for ev in gen.run():
+        if isinstance(ev, Token) and ev.phase == "think":
+            gen.cancel()
+    row = gen.rows[0]
+    assert all(c.lengths[0] <= len(row.ids) for c in gen.caches.values())
+
+
+def test_batch_rows_of_different_lengths_and_phases(m):
+    prompts = [m.chat_prompt("a"), m.chat_prompt("a much longer question than that"),
+               m.chat_prompt("no thinking here", think=False), m.chat_prompt("mid size q")]
+    options = dict(think_budget="small", answer_budget="full", max_think_tokens=6, max_answer_tokens=5,
+                   ignore_eos=True)
+    events, results = run(m, prompts, **options)
+    for row, (p, r) in enumerate(zip(prompts, results)):
+        assert r.ids[: len(p)] == p and len(r.answer_ids) == 5
+        tokens = sampled_tokens(events, len(p), row)
+        assert assert_argmax(m, r.ids, tokens) >= len(tokens) - 1
+    assert results[2].think_ids == [] and results[2].think_end == "prompt"
+    # rows finish independently: the row without thinking is done first
+    last = {e.row: i for i, e in enumerate(events) if isinstance(e, Token)}
+    assert last[2] < min(last[0], last[1], last[3])
+    single = m.generate(prompts[1], **options)
+    assert single.ids == results[1].ids
+
+
+def test_sampling_is_seeded_and_filters(m):
+    prompt = m.chat_prompt("sample", think=False)
+    kw = dict(max_answer_tokens=12, ignore_eos=True, temperature=1.0, top_p=0.9, min_p=0.02)
+    a, b, c = (m.generate(prompt, seed=s, **kw) for s in (1, 1, 2))
+    assert a.ids == b.ids and a.ids != c.ids
+    greedy = m.generate(prompt, max_answer_tokens=12, ignore_eos=True)
+    assert m.generate(prompt, max_answer_tokens=12, ignore_eos=True, temperature=0.7, top_k=1, seed=0).ids == greedy.ids
+
+    logits = torch.tensor([[4.0, 3.0, 2.0, -1.0], [0.0, 0.0, 0.0, 5.0]])
+    p = logits_to_probs(logits, Sampling(temperature=1.0, top_k=2))
+    assert (p[0, 2:] == 0).all() and torch.allclose(p.sum(-1), torch.ones(2))
+    p = logits_to_probs(logits, Sampling(temperature=1.0, top_p=0.5))
+    assert (p[0] > 0).tolist() == [True, False, False, False]
+    p = logits_to_probs(logits, Sampling(temperature=1.0, min_p=0.2))
+    assert (p[0] > 0).tolist() == [True, True, False, False]
+    assert sample(logits, Sampling()).tolist() == [0, 3]
+    with pytest.raises(ValueError):
+        Sampling(temperature=-1)
+
+
+def test_transplant_reuses_states_and_counts_it(m):
+    prompt = m.chat_prompt("transplant")
+    options = dict(think_budget="small", answer_budget="full", max_think_tokens=8, max_answer_tokens=6,
+                   ignore_eos=True, think_close=CLOSE)
+    _, [exact] = run(m, [prompt], **options)
+    events, [r] = run(m, [prompt], transplant=True, **options)
+    catch = [e for e in events if isinstance(e, CatchUp)]
+    assert catch[1].transplanted and r.stats.transplants == 1
+    # the answer budget ran only what the think budget had not consumed: the last thinking token + close
+    assert catch[1].tokens == 1 + len(m.tokenizer.encode(CLOSE)) + 1 < exact.stats.catch_up_tokens
+    assert r.think_ids == exact.think_ids  # thinking is unaffected
+
+
+def test_transplant_shapes_are_prefixes(m):
+    full, small = m.budget("full"), m.budget("small")
+    ids = torch.tensor([m.chat_prompt("shapes")])
+    src = m.new_cache(budget="full")
+    m.forward(ids, src)
+    same = transplant(src, full, m.net.new_cache)
+    nxt = torch.tensor([[9]])
+    torch.testing.assert_close(m.forward(nxt, same), m.forward(nxt, take_rows(src, [0])))  # same budget: exact
+    down = transplant(src, small, m.net.new_cache)
+    up = transplant(down, full, m.net.new_cache)
+    for a, b, c in zip(src.layers, down.layers, up.layers):
+        if hasattr(a, "ssm"):
+            r = b.ssm.shape[2]
+            assert torch.equal(b.ssm, a.ssm[:, :, :r]) and (c.ssm[:, :, r:] == 0).all()
+            assert torch.equal(c.conv[:, -16:], a.conv[:, -16:])  # B|C channels (2 groups x 8 state)
+        elif hasattr(a, "k"):
+            assert torch.equal(b.k, a.k) and torch.equal(c.v, a.v)
+    assert down.lengths == src.lengths == up.lengths
+
+
+def test_incremental_detokenization_across_multibyte_characters(m):
+    tok = m.tokenizer
+    text = "the café costs 5€, then 12€!"
+    ids = tok.encode(text)
+    assert len(ids) > len(text) - 6  # é and € are split into byte tokens
+    d = tok.decoder()
+    pieces = [d.push(i) for i in ids] + [d.flush()]
+    assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
+    assert "" in pieces  # a byte of an unfinished character emits nothing
+    d = tok.decoder()
+    assert d.push(tok.encode("€")[0]) == "" and d.flush() == "\ufffd"
+
+
+def test_prompts_as_tensors_and_errors(m):
+    prompt = m.chat_prompt("x", think=False)
+    r = m.generate(torch.tensor(prompt), max_answer_tokens=2, ignore_eos=True)
+    rs = m.generate(torch.tensor([prompt, prompt]), max_answer_tokens=2, ignore_eos=True)
+    assert rs[0].ids == rs[1].ids == r.ids
+    with pytest.raises(KeyError):
+        m.generate(prompt, think_budget="nope")
+    with pytest.raises(ValueError):
+        m.generate([], max_answer_tokens=2)
+    assert "answer [full] 2 tok" in r.stats.line()
