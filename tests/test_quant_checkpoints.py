@@ -117,3 +117,18 @@ def test_precision_that_the_file_cannot_give_is_refused(nested):
         elastic_local.load(nested / "nvfp4", precision="fp8")
     with pytest.raises(ValueError, match="unknown precision 'int4'"):
         elastic_local.load(nested / "bf16", precision="int4")
+
+
+def test_auto_takes_the_fit_planners_pick(nested, monkeypatch):
+    import elastic_local.hardware.fit as fit
+
+    asked = {}
+
+    def choose(path, device=None, **kw):
+        asked["path"], asked["device"] = path, device
+        return "half", "fp8"
+
+    monkeypatch.setattr(fit, "choose", choose)
+    m = elastic_local.load(nested / "bf16", budget="auto", precision="auto")
+    assert asked == {"path": nested / "bf16", "device": "cpu"}
+    assert m.budgets == ["half"] and type(m.net.layers[0].mixer.in_proj).__name__ == "FP8Weight"

@@ -17,10 +17,17 @@ def load(path: str | Path, budget: str | None = None, precision: str | None = No
          dtype: torch.dtype = torch.float32, progress: Progress | None = None,
          keep: tuple[str, ...] = ()) -> ElasticModel:
     """Load a Nemotron-H (or nested elastic) checkpoint directory. `budget` makes only that budget
-    resident and reads only its slices from disk; every budget up to it then runs as views.
+    resident and reads only its slices from disk; every budget up to it then runs as views. "auto" for
+    `budget` and/or `precision` asks the fit planner what this machine holds.
     `precision`: None keeps what the file stores; "fp8" / "nvfp4" from a BF16 file quantize while loading
     (`keep`: module patterns left in high precision); "bf16" from a quantized file dequantizes."""
     path = Path(path)
+    if budget == "auto" or precision == "auto":  # the fit planner's pick for this machine
+        from ..hardware.fit import choose
+
+        picked_budget, picked_precision = choose(path, device=device)
+        budget = picked_budget if budget == "auto" else budget
+        precision = picked_precision if precision == "auto" else precision
     cfg = NemotronHConfig.from_dir(path)
     stored = stored_budget(cfg)
     budgets = read_budgets(cfg, where=str(path / "config.json")) if cfg.raw.get("elastic") else {"full": stored}

@@ -19,7 +19,8 @@ from ..checkpoint.files import Reader
 from ..checkpoint.load import checkpoint_tensors, expected_shapes, load_network, stored_budget
 from ..checkpoint.write import CheckpointWriter
 from ..elastic.importance import calibration_ids
-from ..elastic.select import LayerSelection, Selection, select_plan, take
+from ..elastic.select import select_plan, take
+from ..elastic.slice import prefix_selection
 from ..elastic.table import read_budgets
 from ..model.config import NemotronHConfig
 from .calibrate import input_amax
@@ -29,23 +30,6 @@ from .scheme import GROUP_SIZE, QUANT_ALGO, is_quantized, module_of, nano_keep, 
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int, str], None]
-
-
-def identity_selection(cfg: NemotronHConfig) -> Selection:
-    full = stored_budget(cfg)
-    layers = []
-    for i, s in enumerate(full.layers):
-        ls = LayerSelection(source=i)
-        if s.kind in "M*":
-            ls.heads = torch.arange(s.mamba_heads or s.attention_heads)
-        elif s.kind == "E":
-            ls.experts = torch.arange(s.experts)
-            ls.channels = [torch.arange(s.expert_channels)] * s.experts
-            ls.shared = torch.arange(s.shared_channels)
-        else:
-            ls.channels = torch.arange(s.mlp_channels)
-        layers.append(ls)
-    return Selection(hidden=torch.arange(full.hidden), layers=layers)
 
 
 def exclude_modules(cfg: NemotronHConfig, keep: list[str]) -> list[str]:
@@ -91,8 +75,8 @@ def quantize_checkpoint(src: str | Path, out: str | Path, precision: str, calib:
 
     reader = Reader(checkpoint_tensors(src))
     full = stored_budget(cfg)
-    plan = list(select_plan(cfg, identity_selection(cfg), [s.mamba_heads or s.attention_heads or None
-                                                           for s in full.layers]))
+    everything = prefix_selection(cfg, full, full)  # the whole model, unchanged
+    plan = list(select_plan(cfg, everything, [s.mamba_heads or s.attention_heads or None for s in full.layers]))
     excluded = exclude_modules(cfg, keep_list)
     q = {"quant_algo": QUANT_ALGO[precision], "kv_cache_quant_algo": None, "group_size": GROUP_SIZE,
          "exclude_modules": excluded}
