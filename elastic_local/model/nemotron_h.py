@@ -100,7 +100,9 @@ class NemotronH:
                              f"{self.resident.name!r}; load the checkpoint with a larger budget")
         return budget
 
-    def new_cache(self, batch_size: int = 1, budget: Budget | None = None) -> HybridCache:
+    def new_cache(self, batch_size: int = 1, budget: Budget | None = None, capacity: int = 0) -> HybridCache:
+        """Zeroed states for `batch_size` rows. KV caches grow by doubling; a `capacity` (prompt plus
+        tokens to generate) allocates them once, which keeps peak memory at what the planner predicts."""
         b, cfg = self._budget(budget), self.cfg
         G, p, N, K = cfg.n_groups, cfg.mamba_head_dim, cfg.ssm_state_size, cfg.conv_kernel
         states: list[KVCache | MambaState | None] = []
@@ -110,7 +112,7 @@ class NemotronH:
                 ssm = torch.zeros(batch_size, G, s.mamba_heads // G, p, N, dtype=torch.float32, device=self.device)
                 states.append(MambaState(conv, ssm))
             elif s.kind == "*" and s.enabled:
-                shape = (batch_size, cfg.num_key_value_heads, 0, cfg.head_dim)
+                shape = (batch_size, cfg.num_key_value_heads, capacity, cfg.head_dim)
                 kv = torch.zeros(shape, dtype=self.dtype, device=self.device)
                 states.append(KVCache(kv, kv.clone()))
             else:
