@@ -92,7 +92,8 @@ def _generation_options(args: argparse.Namespace) -> dict:
     return dict(think_budget=args.think_budget, answer_budget=args.answer_budget,
                 max_think_tokens=args.max_think_tokens, max_answer_tokens=args.max_tokens,
                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
-                stop=tuple(args.stop), transplant=args.transplant)
+                stop=tuple(args.stop), transplant=args.transplant,
+                **({} if args.think_close is None else {"think_close": args.think_close}))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -244,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-think-tokens", type=int, default=1024, metavar="N",
                    help="think token budget: then the engine closes thinking (default 1024)")
     p.add_argument("--max-tokens", type=int, default=1024, metavar="N", help="answer token limit (default 1024)")
+    p.add_argument("--think-close", metavar="TEXT",
+                   help="text appended before </think> when the think budget runs out ('' for none)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)

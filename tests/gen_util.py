@@ -37,12 +37,15 @@ def small_budget(cfg) -> Budget:
 
 
 def elastic_model(path: Path, seed: int = 0, prefill_chunk: int = 8, **overrides) -> ElasticModel:
-    """The ElasticModel a nested checkpoint with budgets "full" and "small" gives (float32, CPU)."""
+    """The ElasticModel a nested checkpoint with budgets "full" and "small" gives (float32, CPU).
+    Its `</think>` logit is 0 at every position (lm_head row zeroed) and so is never the argmax among
+    95 random ones: the random model does not close thinking by itself, the think budget does."""
     if not (path / "config.json").is_file():
         make_checkpoint(path, seed=seed, **overrides)
         write_tokenizer(path)
     base = elastic_local.load(path)
     base.net.prefill_chunk = prefill_chunk  # catch-ups longer than this run in several chunks
+    base.net.lm_head[base.tokenizer.think_ids[1]] = 0.0
     cfg = base.config
     return ElasticModel(base.net, {"full": Budget.full(cfg), "small": small_budget(cfg)}, path, base.tokenizer)
 
@@ -60,7 +63,8 @@ def assert_argmax(m: ElasticModel, ids: list[int], tokens: list[tuple[int, str]]
             top = logits[t - 1].topk(2)
             if top.values[0] - top.values[1] < TIE:
                 continue
-            assert int(top.indices[0]) == ids[t], f"position {t}: {ids[t]} is not {budget}'s argmax {int(top.indices[0])}"
+            best = int(top.indices[0])
+            assert best == ids[t], f"position {t}: {ids[t]} is not {budget}'s argmax {best}"
             checked += 1
     return checked
 

@@ -5,6 +5,7 @@ phase's budget run from scratch (`m.logits`, no cache) on the sequence before it
 every catch-up — prefill, think -> answer hand-over, live switch — fed each budget exactly the tokens
 of the sequence."""
 
+import gc
 import threading
 
 import pytest
@@ -58,18 +59,19 @@ def test_think_budget_closes_thinking_exactly(m):
     for n in (0, 1, 7):
         _, [r] = run(m, [prompt], max_think_tokens=n, max_answer_tokens=3, ignore_eos=True, think_budget="small")
         assert len(r.think_ids) == n + len(close) and r.think_ids[n:] == close
-        assert r.think_end == "budget" and len(r.answer_ids) == 3
+        assert r.think_end == "budget" and len(r.answer_ids) == 3 and r.stats.think_inserted == len(close)
         assert r.think_text.endswith(CLOSE)
     _, [r] = run(m, [prompt], max_think_tokens=5, max_answer_tokens=3, ignore_eos=True, think_close="")
     assert r.think_ids[5:] == [m.specials.think_end]
 
 
-def test_think_limit_without_a_close_stops_inside_thinking(m):
+def test_a_stop_inside_thinking_says_so(m):
     prompt = m.chat_prompt("count")
-    _, [r] = run(m, [prompt], max_think_tokens=None, max_answer_tokens=4, ignore_eos=True,
-                 stop_ids=(m.specials.think_end,))  # a stop token id ends the generation in either phase
-    # whatever happens, the finish reason says in which phase it ended
-    assert r.finish_phase in ("think", "answer") and r.finish_reason in ("stop", "answer_limit")
+    _, [free] = run(m, [prompt], max_think_tokens=10, max_answer_tokens=2, ignore_eos=True)
+    stop_id = free.think_ids[3]
+    _, [r] = run(m, [prompt], max_think_tokens=None, max_answer_tokens=4, ignore_eos=True, stop_ids=(stop_id,))
+    assert r.finish_reason == "stop" and r.finish_phase == "think" and r.think_end is None
+    assert r.think_ids == free.think_ids[: free.think_ids.index(stop_id) + 1] and r.answer_ids == []
 
 
 def test_the_model_closing_thinking_hands_over_to_the_answer_budget(m):
@@ -196,7 +198,7 @@ def test_batch_rows_of_different_lengths_and_phases(m):
     # rows finish independently: the row without thinking is done first
     last = {e.row: i for i, e in enumerate(events) if isinstance(e, Token)}
     assert last[2] < min(last[0], last[1], last[3])
-    single = m.generate(prompts[1], **options)
+    single = m.generate(prompts[1], think_close=CLOSE, **options)
     assert single.ids == results[1].ids
 
 
@@ -276,3 +278,16 @@ def test_prompts_as_tensors_and_errors(m):
     with pytest.raises(ValueError):
         m.generate([], max_answer_tokens=2)
     assert "answer [full] 2 tok" in r.stats.line()
+
+
+def test_stream_errors_reach_the_consumer_and_dropped_streams_cancel(m):
+    s = m.stream([5, 10**6, 7], max_answer_tokens=3)  # an id outside the vocabulary fails in the worker
+    with pytest.raises(IndexError):
+        list(s)
+    s = m.stream(m.chat_prompt("long"), max_think_tokens=500, ignore_eos=True)
+    gen, worker = s.generation, s._thread
+    del s
+    gc.collect()
+    assert gen._cancel.is_set()
+    worker.join()  # it stops at the next token
+    assert gen.rows[0].finish_reason == "cancelled"

@@ -1,6 +1,11 @@
-"""Running the resident model: budgets, caches and (soon) generation."""
+"""Running the resident model: budgets, caches, generation with elastic budget control, chat."""
 
+from .chat import Chat
 from .elastic_model import ElasticModel
+from .events import CatchUp, Done, Result, Stats, Switch, Token
+from .generate import Generation, Request, Stream
 from .load import load
+from .tokenizer import Tokenizer
 
-__all__ = ["ElasticModel", "load"]
+__all__ = ["CatchUp", "Chat", "Done", "ElasticModel", "Generation", "Request", "Result", "Stats", "Stream", "Switch",
+           "Token", "Tokenizer", "load"]

@@ -52,7 +52,8 @@ class Stats:
     prompt_tokens: int = 0
     prefill_tokens: int = 0  # prompt tokens actually run: fewer when a session's cache was reused
     prefill_s: float = 0.0
-    think_tokens: int = 0  # generated + forced
+    think_tokens: int = 0  # generated + inserted (the closing text and </think> of a think budget)
+    think_inserted: int = 0
     think_s: float = 0.0  # wall time of the steps that produced them (catch-ups included)
     answer_tokens: int = 0
     answer_s: float = 0.0
@@ -72,7 +73,9 @@ class Stats:
         for phase in ("think", "answer"):
             n, s = getattr(self, f"{phase}_tokens"), getattr(self, f"{phase}_s")
             budgets = "->".join(getattr(self, f"{phase}_budgets")) or "-"
-            parts.append(f"{phase} [{budgets}] {n} tok, {self._rate(n, s)}")
+            extra = self.think_inserted if phase == "think" else 0
+            more = f" (+{extra} inserted)" if extra else ""
+            parts.append(f"{phase} [{budgets}] {n - extra} tok{more}, {self._rate(n - extra, s)}")
         per_tok = f", {1000 * self.catch_up_s / self.catch_up_tokens:.2f} ms/tok" if self.catch_up_tokens else ""
         parts.append(f"catch-up {self.catch_up_tokens} tok in {self.catch_up_s:.3f} s{per_tok}"
                      + (f", {self.transplants} transplant(s)" if self.transplants else ""))

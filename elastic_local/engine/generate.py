@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 PHASES = ("think", "answer")
 # The text appended before `</think>` when the think token budget runs out (the recipe NVIDIA's and
 # Qwen's budget-control examples use; "" appends `</think>` alone).
-THINK_CLOSE = "\n\nConsidering the limited time by the user, I have to give the solution based on the thinking directly now.\n"
+THINK_CLOSE = ("\n\nConsidering the limited time by the user, I have to give the solution based on the thinking "
+               "directly now.\n")
 
 
 @dataclass(frozen=True)
@@ -462,6 +463,7 @@ class Generation:
         for row in self.rows:
             p, t = row.prompt_len, row.prompt_len + row.think_len
             row.stats.think_tokens, row.stats.answer_tokens = row.think_len, len(row.ids) - t
+            row.stats.think_inserted = row.think_len - row.generated["think"]
             out.append(Result(list(row.ids), p, row.ids[p:t], row.ids[t:], row.text["think"], row.text["answer"],
                               row.finish_reason or "cancelled", row.finish_phase or row.phase, row.think_end,
                               row.stats))
@@ -476,9 +478,29 @@ class Generation:
 _END = object()
 
 
+@dataclass
+class _Failure:
+    error: BaseException
+
+
+def _produce(generation: Generation, out: queue.Queue, on_done) -> None:
+    """The background thread: run the generation, hand every event over. It holds no reference to the
+    Stream, so a Stream dropped by its consumer is collected, and cancels its generation."""
+    try:
+        for ev in generation.run():
+            if isinstance(ev, Done) and on_done is not None:
+                on_done(ev.results)
+            out.put(ev)
+    except BaseException as e:  # noqa: BLE001 - re-raised in the consumer's thread
+        out.put(_Failure(e))
+    finally:
+        out.put(_END)
+
+
 class Stream:
     """Events of a generation that runs on a background thread. Iterate to receive them (one consumer);
-    `switch` and `cancel` work from any thread at any time; `results()` waits for the end.
+    `switch` and `cancel` work from any thread at any time; `results()` waits for the end. Leaving a
+    `with` block, or dropping the stream, cancels what is left.
 
         with m.stream(ids, think_budget="small") as s:
             for ev in s:
@@ -489,33 +511,23 @@ class Stream:
         self.generation = generation
         self._queue: queue.Queue = queue.Queue()
         self._results: list[Result] | None = None
-        self._error: BaseException | None = None
         self._drained = False
-        self._thread = threading.Thread(target=self._work, args=(on_done,), name="elastic-generate", daemon=True)
+        self._thread = threading.Thread(target=_produce, args=(generation, self._queue, on_done),
+                                        name="elastic-generate", daemon=True)
         self._thread.start()
-
-    def _work(self, on_done) -> None:
-        try:
-            for ev in self.generation.run():
-                if isinstance(ev, Done):
-                    self._results = ev.results
-                    if on_done is not None:
-                        on_done(ev.results)
-                self._queue.put(ev)
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer's thread
-            self._error = e
-        finally:
-            self._queue.put(_END)
 
     def __iter__(self) -> Iterator[Event]:
         while not self._drained:
             ev = self._queue.get()
             if ev is _END:
                 self._drained = True
-                break
-            yield ev
-        if self._error is not None:
-            raise self._error
+            elif isinstance(ev, _Failure):
+                self._drained = True
+                raise ev.error
+            else:
+                if isinstance(ev, Done):
+                    self._results = ev.results
+                yield ev
 
     def switch(self, think: str | None = None, answer: str | None = None) -> None:
         self.generation.switch(think=think, answer=answer)
@@ -531,7 +543,8 @@ class Stream:
         for _ in self:
             pass
         self._thread.join()
-        assert self._results is not None
+        if self._results is None:
+            raise RuntimeError("the generation failed before it finished")
         return self._results
 
     @property
@@ -544,3 +557,6 @@ class Stream:
     def __exit__(self, *exc) -> None:
         self.cancel()
         self._thread.join()
+
+    def __del__(self) -> None:
+        self.generation.cancel()

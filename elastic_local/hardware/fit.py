@@ -6,8 +6,8 @@
 What a directory offers (`offers`):
 - a BF16 file (or any unquantized float file: it is cast to bf16 while loading): bf16 "stored", fp8 and
   nvfp4 by "load-time quantization" of it;
-- an FP8 or NVFP4 file (`hf_quant_config.json`, or `quantization_config` in config.json, says which): that
-  precision only; a quantized file cannot give back bf16, and is not requantized to another format;
+- an FP8 or NVFP4 file (its `hf_quant_config.json` says which, as the loader reads it): that precision
+  only; bf16 is not offered (dequantizing gains nothing but memory use), nor another quantized format;
 - a config-only directory (no weights, e.g. the shipped Star Elastic description): a plan before
   downloading. bf16 is "stored"; fp8/nvfp4 are "stored" where a `release.json` beside config.json lists a
   published file for them (with the modules it keeps in BF16), else "load-time quantization".
@@ -36,7 +36,7 @@ from ..checkpoint.load import checkpoint_tensors, expected_shapes, stored_budget
 from ..elastic.table import read_budgets
 from ..model.budget import Budget
 from ..model.config import NemotronHConfig
-from ..quant.scheme import is_quantized, module_of, weight_bytes
+from ..quant.scheme import is_quantized, module_of, read_quant_config, weight_bytes
 from .planner import PRECISIONS, ArchShape, Plan, WeightOption, Workload, plan
 from .probe import probe_machine
 from .profiles import GIB, Profile, get_profile, profile_from_probe
@@ -44,7 +44,6 @@ from .profiles import GIB, Profile, get_profile, profile_from_probe
 STAR_ELASTIC = Path(__file__).resolve().parents[1] / "catalog" / "star-elastic"
 PREFILL_CHUNK = 1024  # NemotronH(prefill_chunk=1024): tokens per prefill step
 COMPUTE_BYTES = 2  # bf16: KV cache, conv state and activations are in the compute dtype
-QUANT_ALGOS = {"FP8": "fp8", "NVFP4": "nvfp4"}
 _QUANT_DTYPES = {"U8", "F8_E4M3"}  # what a quantized Linear weight is stored as (NVFP4 packed bytes, FP8)
 
 
@@ -92,25 +91,6 @@ def budgets_of(cfg: NemotronHConfig, where: str = "config.json") -> dict[str, Bu
     return read_budgets(cfg, where=where) if cfg.raw.get("elastic") else {"full": stored_budget(cfg)}
 
 
-def quant_algo(path: Path, cfg: NemotronHConfig) -> str | None:
-    """"fp8" / "nvfp4" for a Model Optimizer checkpoint, None for an unquantized one."""
-    file = path / "hf_quant_config.json"
-    if file.is_file():
-        try:
-            algo = json.loads(file.read_text()).get("quantization", {}).get("quant_algo")
-        except (json.JSONDecodeError, AttributeError) as e:
-            raise CheckpointError(f"{file}: not a Model Optimizer quantization config ({e})") from None
-    else:
-        file = path / "config.json"
-        algo = (cfg.raw.get("quantization_config") or {}).get("quant_algo")
-    if algo is None:
-        return None
-    if algo not in QUANT_ALGOS:
-        raise CheckpointError(f"{file}: quant_algo {algo!r} is not supported; elastic-local reads "
-                              f"{', '.join(QUANT_ALGOS)}")
-    return QUANT_ALGOS[algo]
-
-
 def weight_tensors(path: Path) -> dict[str, TensorInfo] | None:
     """Every tensor of the directory's weight files; None for a config-only directory."""
     if not (path / "model.safetensors.index.json").is_file() and not any(path.glob("model*.safetensors")):
@@ -135,8 +115,8 @@ def offers(path: str | Path, cfg: NemotronHConfig | None = None,
         return [Offer("bf16", "stored")] + [
             Offer(p, "stored", tuple(release[p]["exclude_modules"])) if p in release
             else Offer(p, "load-time quantization") for p in PRECISIONS[1:]]
-    stored = quant_algo(path, cfg)
-    if stored is None:
+    stored = read_quant_config(path)[0]  # what the loader reads: hf_quant_config.json
+    if stored == "bf16":
         return [Offer("bf16", "stored"), *(Offer(p, "load-time quantization") for p in PRECISIONS[1:])]
     if not any(t.dtype in _QUANT_DTYPES for t in tensors.values()):
         raise CheckpointError(f"{path}: its quantization config says {stored.upper()} but no weight in the "

@@ -1,0 +1,315 @@
+"""`elastic-local fit`: the planner fed from a checkpoint directory (weights or config only) and a profile.
+
+Byte counts are checked against independent oracles: the safetensors headers of each budget exported as
+its own file (slice_budget), and the tensors the loader actually makes resident."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from tiny import ALIGNED, make_checkpoint
+
+import elastic_local
+from elastic_local.checkpoint.files import index_tensors
+from elastic_local.checkpoint.load import checkpoint_tensors
+from elastic_local.cli import main
+from elastic_local.elastic.nest import nest
+from elastic_local.elastic.slice import slice_budget
+from elastic_local.elastic.table import read_budgets
+from elastic_local.hardware import fit
+from elastic_local.hardware.planner import Workload
+from elastic_local.hardware.profiles import GIB, list_profiles
+from elastic_local.model.config import NemotronHConfig
+from elastic_local.model.nemotron_h import NemotronH
+from elastic_local.quant.scheme import is_quantized, nano_keep, weight_bytes
+
+CFG = {**ALIGNED, "mamba_head_dim": 16}  # heads of 16 channels: whole NVFP4 blocks
+FP32 = ("gate.weight", "e_score_correction_bias", "A_log", ".D", "dt_bias")  # what the runtime keeps in fp32
+PROFILES = ("rtx5080", "rtx5090", "rtx4090", "rtx4080", "rtx3090", "rtx3060-12gb", "jetson-agx-orin-64gb",
+            "h100-80gb", "cpu")
+
+
+@pytest.fixture
+def no_user_profiles(monkeypatch, tmp_path):
+    monkeypatch.setenv("ELASTIC_LOCAL_HOME", str(tmp_path))
+    return tmp_path
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+# ---------------------------------------------------------------- the shipped Star Elastic description
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_fit_json_contract_on_every_shipped_profile(no_user_profiles, capsys, name):
+    assert set(PROFILES) <= set(list_profiles())
+    rc, out, _ = run_cli(capsys, "fit", "--profile", name, "--json")
+    assert rc == 0
+    d = json.loads(out)
+    prof = list_profiles()[name]
+    assert d["available_bytes"] == prof.available_bytes == prof.memory_bytes - prof.reserved_bytes
+    cands = d["candidates"]
+    assert {c["budget"] for c in cands} == {"30B", "23B", "12B"}
+    assert {c["precision"] for c in cands} == {"bf16", "fp8", "nvfp4"} and len(cands) == 9
+    for c in cands:
+        assert {"budget", "precision", "total_bytes", "fits", "source"} <= set(c)
+        assert isinstance(c["total_bytes"], int) and c["total_bytes"] > 2**30  # bytes, not GiB
+        assert c["fits"] == (c["total_bytes"] <= d["available_bytes"])
+        assert c["source"] == "stored"  # release.json: NVIDIA publishes BF16, FP8 and NVFP4
+    pick = d["pick"]
+    assert set(pick) == {"budget", "precision", "total_bytes"}
+    chosen = next(c for c in cands if (c["budget"], c["precision"]) == (pick["budget"], pick["precision"]))
+    assert chosen["fits"] and chosen["total_bytes"] == pick["total_bytes"]
+    # the largest budget that fits, then the best precision for it
+    order = ["30B", "23B", "12B"]
+    assert not any(c["fits"] for c in cands if order.index(c["budget"]) < order.index(pick["budget"]))
+    better = ["bf16", "fp8", "nvfp4"][: ["bf16", "fp8", "nvfp4"].index(pick["precision"])]
+    assert not any(c["fits"] for c in cands if c["budget"] == pick["budget"] and c["precision"] in better)
+
+
+def test_picks_are_sane(no_user_profiles):
+    """RTX 5080 (16 GiB, 1 GiB reserved for the desktop): 12B NVFP4 is 7.7 GiB, 12B FP8 12.6 GiB and with two
+    32K caches, workspace, CUDA context and the 1 GiB margin it still fits (14.8 of 15.0 GiB); 23B NVFP4 (14.2
+    GiB of weights) does not. So 12B in FP8; at 64K, the extra KV pushes it to NVFP4."""
+    def pick(profile, context=32768):
+        p = fit.plan_checkpoint(fit.STAR_ELASTIC, elastic_local.hardware.get_profile(profile), context=context)
+        return p.pick.budget, p.pick.precision
+
+    assert pick("rtx5080") == ("12B", "fp8")
+    assert pick("rtx5080", 65536) == ("12B", "nvfp4")
+    assert pick("rtx5090") == ("30B", "nvfp4")
+    assert pick("h100-80gb") == ("30B", "bf16")
+    assert pick("rtx3060-12gb") == ("12B", "nvfp4")
+
+
+def test_human_output_leads_with_the_pick(no_user_profiles, capsys):
+    rc, out, _ = run_cli(capsys, "fit", "--profile", "rtx5080")
+    assert rc == 0
+    first, *rest = out.splitlines()
+    assert first.startswith("Profile rtx5080") and "runs 12B in FP8 at 32768 tokens" in first
+    assert any(line.startswith("* 12B") and "fp8" in line for line in rest)
+    rc, out, _ = run_cli(capsys, "fit", "--profile", "rtx3060-12gb", "--context", "1000000")
+    assert rc == 0 and "runs nothing" in out and "with --context" in out
+
+
+def test_shipped_description_is_a_valid_nested_table():
+    cfg = NemotronHConfig.from_dir(fit.STAR_ELASTIC)
+    budgets = read_budgets(cfg)  # 16-aligned cuts, nested, largest first
+    assert list(budgets) == ["30B", "23B", "12B"]
+    table = cfg.raw["elastic"]
+    assert "NOT published by NVIDIA" in table["note"] and "search" in table["note"]
+    assert (cfg.hidden_size, cfg.vocab_size, cfg.num_layers, cfg.pattern.count("*")) == (2688, 131072, 52, 6)
+    for b, frac in (("23B", 23 / 30), ("12B", 12 / 30)):
+        params = next(e["params"] for e in table["budgets"] if e["name"] == b)
+        assert abs(params / (frac * table["budgets"][0]["params"]) - 1) <= 0.02
+    assert not list(fit.STAR_ELASTIC.glob("*.safetensors"))  # config only
+
+
+def test_generator_reproduces_the_shipped_files():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packaging"))
+    import make_star_elastic_config as gen
+
+    config, _, _ = gen.build()
+    assert gen.render(config) == (fit.STAR_ELASTIC / "config.json").read_text()
+
+
+def test_cache_and_state_bytes_of_the_parent():
+    """KV: 6 attention layers x 2 KV heads x 128 x (K and V) x bf16 per token; Mamba: 23 layers of a bf16
+    conv window (4 x 6144) and an fp32 SSM state (64 heads x 64 x 128)."""
+    cfg = NemotronHConfig.from_dir(fit.STAR_ELASTIC)
+    p = fit.plan_checkpoint(fit.STAR_ELASTIC, elastic_local.hardware.get_profile("h100-80gb"), context=32768)
+    c = next(c for c in p.candidates if c.budget == "30B")
+    assert c.kv_bytes == 2 * (6 * 2 * 128 * 2 * 2) * 32768  # two caches
+    assert c.state_bytes == 2 * 23 * (4 * 6144 * 2 + 64 * 64 * 128 * 4)
+    assert c.weights_bytes == weight_bytes(cfg, read_budgets(cfg)["30B"], "bf16")
+
+
+def test_prefill_chunk_is_the_engine_default():
+    default = inspect.signature(NemotronH.__init__).parameters["prefill_chunk"].default
+    assert fit.PREFILL_CHUNK == default
+    w = fit.runtime_workload()
+    assert (w.prefill_chunk, w.logits_tokens, w.kv_dtype_bytes, w.conv_dtype_bytes) == (default, 1, 2, 2)
+    assert isinstance(w, Workload)
+
+
+def test_absent_and_malformed_profiles_are_clear_errors(no_user_profiles, capsys, tmp_path):
+    rc, out, err = run_cli(capsys, "fit", "--profile", "nope")
+    assert rc == 2 and not out and "no hardware profile named 'nope'" in err and "rtx5080" in err
+    bad = tmp_path / "mine.toml"
+    bad.write_text('description = "x"\nkind = "cuda"\nmemory_gib = -4\ncompute_capability = "8.9"\n'
+                   "memory_bandwidth_gbps = 700\n")
+    rc, out, err = run_cli(capsys, "fit", "--profile", str(bad))
+    assert rc == 2 and str(bad) in err and "'memory_gib'" in err and "Traceback" not in err
+    rc, _, err = run_cli(capsys, "fit", str(tmp_path / "nowhere"), "--profile", "rtx5080")
+    assert rc == 2 and "config.json" in err
+
+
+def test_profiles_and_paths_commands(no_user_profiles, capsys):
+    rc, out, _ = run_cli(capsys, "profiles")
+    assert rc == 0 and all(n in out for n in PROFILES) and "sm_120" in out and "960" in out
+    rc, out, _ = run_cli(capsys, "profiles", "--json")
+    assert json.loads(out)["rtx5080"]["memory_bytes"] == 16 * GIB
+    rc, out, _ = run_cli(capsys, "paths")
+    assert rc == 0 and str(no_user_profiles) in out and "ELASTIC_LOCAL_HOME" in out
+
+
+# ---------------------------------------------------------------- a tiny nested checkpoint, in three precisions
+
+def to_bf16(src: Path, dst: Path) -> Path:
+    """The nested file as a BF16 release stores it: bf16 tensors, the router, A_log, D and dt_bias in fp32."""
+    shutil.copytree(src, dst)
+    for f in dst.glob("model*.safetensors"):
+        t = load_file(f)
+        save_file({k: v if k.endswith(FP32) else v.to(torch.bfloat16) for k, v in t.items()}, f,
+                  metadata={"format": "pt"})
+    return dst
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from elastic_local.quant.quantize import quantize_checkpoint
+
+    root = tmp_path_factory.mktemp("fit")
+    make_checkpoint(root / "parent", seed=5, **CFG)
+    nest(root / "parent", root / "nested", {"half": 0.5, "quarter": 0.3})
+    to_bf16(root / "nested", root / "bf16")
+    quantize_checkpoint(root / "bf16", root / "fp8", "fp8")
+    quantize_checkpoint(root / "bf16", root / "nvfp4", "nvfp4", preset="nano")  # some layers stay BF16
+    return root
+
+
+def file_bytes(path: Path) -> int:
+    """Every tensor the directory's safetensors headers hold."""
+    return sum(t.nbytes for name, t in index_tensors(path).items() if not name.startswith("mtp."))
+
+
+def resident_bytes(m) -> int:
+    """Bytes of every distinct tensor the loaded network holds."""
+    seen: dict[int, int] = {}
+
+    def walk(obj):
+        if isinstance(obj, torch.Tensor):
+            if obj.numel():
+                seen.setdefault(obj.data_ptr(), obj.nbytes)
+        elif dataclasses.is_dataclass(obj):
+            for f in dataclasses.fields(obj):
+                walk(getattr(obj, f.name))
+        elif isinstance(obj, (list, tuple)):
+            for x in obj:
+                walk(x)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+            for x in vars(obj).values():
+                walk(x)
+
+    walk([m.net.embed, m.net.layers, m.net.norm_f, m.net.lm_head])
+    return sum(seen.values())
+
+
+def weights_of(p, budget: str, precision: str):
+    return next(c for c in p.candidates if (c.budget, c.precision) == (budget, precision))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8", "nvfp4"])
+def test_weight_bytes_equal_the_tensors_in_the_headers(tiny, precision, tmp_path):
+    """For every budget, the planned weight bytes = that budget's slices summed from the nested file's
+    headers = every tensor of the budget exported as its own checkpoint."""
+    path = tiny / precision
+    cfg = NemotronHConfig.from_dir(path)
+    p = fit.plan_checkpoint(path, elastic_local.hardware.get_profile("h100-80gb"))
+    tensors = checkpoint_tensors(path)
+    for name, b in read_budgets(cfg).items():
+        planned = weights_of(p, name, precision).weights_bytes
+        assert planned == fit.header_bytes(tensors, cfg, b)
+        exported = path if name == "full" else slice_budget(path, tmp_path / name, name)[0]
+        assert planned == file_bytes(exported), name
+
+
+@pytest.mark.parametrize("precision", [
+    "bf16", "fp8",
+    pytest.param("nvfp4", marks=pytest.mark.xfail(strict=True, reason=(
+        "checkpoint/load.py get_linear quantizes the Linears a stored NVFP4 file keeps in BF16 (its "
+        "exclude_modules; here preset nano) to NVFP4 while loading, so less is resident than the file holds"))),
+])
+def test_weight_bytes_equal_what_loading_makes_resident(tiny, precision):
+    path = tiny / precision
+    cfg = NemotronHConfig.from_dir(path)
+    p = fit.plan_checkpoint(path, elastic_local.hardware.get_profile("h100-80gb"))
+    for name in read_budgets(cfg):
+        planned = weights_of(p, name, precision).weights_bytes
+        assert planned == resident_bytes(elastic_local.load(path, budget=name, dtype=torch.bfloat16)), name
+
+
+def test_stored_and_load_time_sources(tiny):
+    prof = elastic_local.hardware.get_profile("rtx5080")
+    p = fit.plan_checkpoint(tiny / "bf16", prof)
+    src = {(c.budget, c.precision): c.source for c in p.candidates}
+    assert {s for (_, prec), s in src.items() if prec == "bf16"} == {"stored"}
+    assert {s for (_, prec), s in src.items() if prec != "bf16"} == {"load-time quantization"}
+    assert [c.budget for c in p.candidates][::3] == ["full", "half", "quarter"]
+    # a quantized file offers its own precision only: no bf16 back, no other format
+    for q in ("fp8", "nvfp4"):
+        cands = fit.plan_checkpoint(tiny / q, prof).candidates
+        assert {(c.precision, c.source) for c in cands} == {(q, "stored")} and len(cands) == 3
+    # the modules a quantized file keeps in BF16 come from its headers
+    cfg = NemotronHConfig.from_dir(tiny / "nvfp4")
+    kept = fit.offers(tiny / "nvfp4")[0].keep
+    expected = {f"backbone.layers.{i}.mixer.{w}" for i, k in enumerate(cfg.pattern) for w in
+                ("in_proj", "out_proj", "q_proj", "k_proj", "v_proj", "o_proj")
+                if any(f"backbone.layers.{i}.mixer.*" == k for k in nano_keep(cfg))
+                and is_quantized(f"layers.{i}.mixer.{w}.weight")
+                and f"layers.{i}.mixer.{w}.weight" in checkpoint_tensors(tiny / "nvfp4")}
+    assert set(kept) == expected and kept
+
+
+@pytest.mark.parametrize("precision", ["fp8", "nvfp4"])
+def test_load_time_quantization_bytes(tiny, precision):
+    """Quantizing the BF16 file while loading makes resident what the planner counts, less the one fp32
+    input_scale per Linear that only a calibrated file holds."""
+    path = tiny / "bf16"
+    cfg = NemotronHConfig.from_dir(path)
+    p = fit.plan_checkpoint(path, elastic_local.hardware.get_profile("h100-80gb"))
+    for name, b in read_budgets(cfg).items():
+        planned = weights_of(p, name, precision).weights_bytes
+        linears = sum(is_quantized(n) for n in fit.expected_shapes(cfg, b))
+        got = resident_bytes(elastic_local.load(path, budget=name, precision=precision, dtype=torch.bfloat16))
+        assert 0 <= planned - got <= 4 * linears, (name, planned, got)
+
+
+def test_config_only_directory_plans_like_the_weights(tiny, tmp_path):
+    only = tmp_path / "config-only"
+    only.mkdir()
+    shutil.copy(tiny / "bf16" / "config.json", only / "config.json")
+    prof = elastic_local.hardware.get_profile("cpu")
+    a, b = fit.plan_checkpoint(only, prof), fit.plan_checkpoint(tiny / "bf16", prof)
+    assert [dataclasses.astuple(c) for c in a.candidates] == [dataclasses.astuple(c) for c in b.candidates]
+    # with a release.json, published precisions are downloads ("stored") with their own kept modules
+    (only / "release.json").write_text(json.dumps({"precisions": {"nvfp4": {"exclude_modules": ["lm_head"]}}}))
+    c = {(c.budget, c.precision): c.source for c in fit.plan_checkpoint(only, prof).candidates}
+    assert c["full", "nvfp4"] == "stored" and c["full", "fp8"] == "load-time quantization"
+
+
+def test_choose_returns_the_pick_or_says_what_is_missing(tiny, no_user_profiles):
+    prof = elastic_local.hardware.get_profile("rtx5080")
+    assert fit.choose(tiny / "bf16", profile=prof) == ("full", "bf16")
+    tiny_gpu = dataclasses.replace(prof, memory_bytes=GIB + 2**20, reserved_bytes=0)
+    with pytest.raises(ValueError, match="runs nothing"):
+        fit.choose(fit.STAR_ELASTIC, profile=tiny_gpu)
+
+
+def test_unsupported_quantization_is_a_clear_error(tiny, capsys, tmp_path):
+    bad = tmp_path / "w4a16"
+    shutil.copytree(tiny / "bf16", bad)
+    (bad / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "W4A16_AWQ"}}))
+    rc, out, err = run_cli(capsys, "fit", str(bad), "--profile", "rtx5080")
+    assert rc == 2 and "W4A16_AWQ" in err and "not supported" in err
