@@ -12,14 +12,19 @@ benchmarks/_work/nesting/ (rebuilt when the preset changes, or with --rebuild). 
             (full included), next to the same arithmetic for Star Elastic's 58.9 GB vs 126.1 GB (SPEC §2).
   b. slice  `slice_budget(nested, out, budget)` for each budget against `shutil.copyfile` of a file of the
             same size as the budget's output weights; MB/s of output weights written; interleaved reps,
-            medians. Twice: "warm" (the source file in the page cache) and "cold" (evicted before every run
-            with fsync + posix_fadvise(DONTNEED), checked with mincore). Outputs go to the page cache (no
-            fsync) unless --fsync, which fsyncs every output file inside the timed region, for both.
-  c. rss    peak RSS of `elastic_local.load(nested, budget=b, dtype=...)` in a fresh process per (budget,
-            dtype), minus the peak of a process that only imports torch and elastic_local; the ratio of the
-            smallest budget to the full one, next to the ratio of the weight bytes resident. The peak is
-            VmHWM from /proc/self/status: ru_maxrss survives execve on Linux, so a child started from this
-            benchmark process reports the parent's RSS at fork time whenever that is the larger.
+            medians. The slice runs with --threads torch threads and with 1 (its .contiguous() copies of cut
+            tensors are torch ops). Twice: "warm" (the source file in the page cache) and "cold" (evicted
+            before every run with fsync + posix_fadvise(DONTNEED), checked with mincore; bytes read from
+            storage from /proc/self/io). Outputs go to the page cache (no fsync) unless --fsync, which fsyncs
+            every output file inside the timed region, for both.
+  c. rss    memory of `elastic_local.load(nested, budget=b, dtype=...)` followed by one forward pass, in a
+            fresh process per (budget, dtype), above a process that only imports torch and elastic_local:
+            peak RSS after loading and after the forward (the loader keeps zero-copy views of the
+            memory-mapped file, paged in when first used), RssAnon, and the checkpoint's mapped resident
+            pages (/proc/self/smaps); the ratio of the smallest budget to the full one, next to the ratio of
+            the weight bytes the network holds. Peaks are VmHWM from /proc/self/status: ru_maxrss survives
+            execve on Linux, so a child started from this benchmark process would report the parent's RSS
+            at fork time whenever that is the larger.
 
 The last line of output is one JSON object with every number.
 """
@@ -297,21 +302,45 @@ def print_throughput(res: dict, out_bytes: dict[str, int], reps: int, fsync: boo
 # ---------------------------------------------------------------------------------------------- c. peak RSS
 
 
-def resident_bytes(obj, seen: set | None = None) -> int:
-    """Bytes of every distinct tensor reachable from a loaded network (views counted once by address)."""
+def tensors_of(obj, seen: set | None = None):
+    """Every distinct tensor reachable from a loaded network (dataclasses, lists, quantized weights)."""
     seen = set() if seen is None else seen
     if isinstance(obj, torch.Tensor):
-        key = (obj.data_ptr(), obj.nbytes)
-        if key in seen or obj.nbytes == 0:
-            return 0
-        seen.add(key)
-        return obj.nbytes
-    if isinstance(obj, (list, tuple)):
-        return sum(resident_bytes(x, seen) for x in obj)
-    fields = getattr(obj, "__dict__", None)
-    if fields is None:
-        return 0
-    return sum(resident_bytes(v, seen) for k, v in fields.items() if not k.startswith("_") and k != "cfg")
+        key = (obj.data_ptr(), obj.nbytes, obj.stride())
+        if key not in seen and obj.nbytes:
+            seen.add(key)
+            yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from tensors_of(x, seen)
+    elif hasattr(obj, "__dict__"):
+        for k, v in vars(obj).items():
+            if not k.startswith("_") and k != "cfg":
+                yield from tensors_of(v, seen)
+
+
+def file_ranges(under: str) -> list[tuple[int, int]]:
+    """Address ranges of this process's mappings of files under the directory `under` (/proc/self/maps)."""
+    out = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        head = line.split(maxsplit=5)
+        if len(head) == 6 and head[5].startswith(under):
+            lo, hi = head[0].split("-")
+            out.append((int(lo, 16), int(hi, 16)))
+    return out
+
+
+def weight_bytes(net, ckpt: str) -> tuple[int, int]:
+    """(bytes of the tensors the network holds, bytes the ones that are views of the mapped checkpoint span).
+    A strided view (a column prefix of a row-major weight) spans whole rows of the file: every page it
+    touches must be resident when it is used."""
+    ranges = file_ranges(str(Path(ckpt).resolve()))
+    held = span = 0
+    for t in tensors_of(net):
+        held += t.nbytes
+        if any(lo <= t.data_ptr() < hi for lo, hi in ranges):
+            span += (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+    return held, span
 
 
 def proc_status(*keys: str) -> dict[str, int]:
@@ -356,7 +385,7 @@ def rss_child(spec: dict) -> dict:
     model = elastic_local.load(ckpt, dtype=getattr(torch, spec["dtype"]), **kw)
     spec["load_s"] = time.perf_counter() - t0
     spec["load"] = memory_now(ckpt)
-    spec["weights"] = resident_bytes(model.net)
+    spec["weights"], spec["weights_in_file_span"] = weight_bytes(model.net, ckpt)
     n = spec.get("forward", 64)
     ids = torch.randint(3, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(SEED))
     with torch.inference_mode():
@@ -394,19 +423,24 @@ def above_baseline(r: dict, base: dict) -> dict:
             "anon": r["run"]["RssAnon"] - base["run"]["RssAnon"], "mapped": r["run"]["mapped"]}
 
 
-RSS_HEAD = f"{'weights MiB':>13}{'load peak':>11}{'run peak':>10}{'run/weights':>13}{'anon MiB':>10}{'mapped MiB':>12}"
-RSS_NOTE = ("weights: bytes of the tensors the loaded network holds (a strided view counts only its elements); "
-            "load peak: VmHWM after load(),\nrun peak: VmHWM after one forward pass over {n} tokens (zero-copy views "
-            "of the file are paged in when first used); both minus the baseline, MiB;\nanon: RssAnon after the "
-            "forward - baseline; mapped: resident pages of the memory-mapped checkpoint (clean file pages, "
-            "reclaimable,\nbut the ones that back weights are read again from disk when used)")
+RSS_HEAD = (f"{'weights MiB':>13}{'in file':>9}{'load peak':>11}{'run peak':>10}{'run/weights':>13}{'anon MiB':>10}"
+            f"{'mapped MiB':>12}")
+RSS_NOTE = """\
+weights: bytes of the tensors the loaded network holds (a strided view counts only its elements); in file: the
+  span of the file covered by those of them that are zero-copy views of the memory-mapped checkpoint (a column
+  prefix of a row-major weight covers whole rows, so every page of it);
+load peak: VmHWM after load(); run peak: VmHWM after one forward pass over {n} tokens (views of the file are paged
+  in when first used); both minus the baseline's peak, MiB; anon: RssAnon after the forward minus the baseline's;
+mapped: resident pages of the memory-mapped checkpoint after the forward (clean file pages: reclaimable, but the
+  ones under "in file" are read from disk again when used)"""
 
 
 def rss_row(r: dict, base: dict) -> str:
     m = above_baseline(r, base)
     r["above_baseline"] = m
-    return (f"{r['weights'] / 2**20:>13.1f}{m['load_peak'] / 2**20:>11.1f}{m['run_peak'] / 2**20:>10.1f}"
-            f"{m['run_peak'] / r['weights']:>13.2f}{m['anon'] / 2**20:>10.1f}{m['mapped'] / 2**20:>12.1f}")
+    mib = {k: v / 2**20 for k, v in m.items()}
+    return (f"{r['weights'] / 2**20:>13.1f}{r['weights_in_file_span'] / 2**20:>9.1f}{mib['load_peak']:>11.1f}"
+            f"{mib['run_peak']:>10.1f}{m['run_peak'] / r['weights']:>13.2f}{mib['anon']:>10.1f}{mib['mapped']:>12.1f}")
 
 
 def print_rss(rss: dict, budgets: list[str], dtypes: list[str], forward: int) -> dict:
@@ -422,9 +456,12 @@ def print_rss(rss: dict, budgets: list[str], dtypes: list[str], forward: int) ->
             out.setdefault(d, {})[b] = r
         small, full = out[d][budgets[-1]], out[d][budgets[0]]
         ratios = {k: small["above_baseline"][k] / full["above_baseline"][k] for k in ("load_peak", "run_peak", "anon")}
+        ratios["anon_plus_in_file"] = ((small["above_baseline"]["anon"] + small["weights_in_file_span"])
+                                       / (full["above_baseline"]["anon"] + full["weights_in_file_span"]))
         ratios["weights"] = small["weights"] / full["weights"]
         print(f"{'':<10}{budgets[-1]} / {budgets[0]}: load peak x{ratios['load_peak']:.2f}, run peak "
-              f"x{ratios['run_peak']:.2f}, anon x{ratios['anon']:.2f}, weights x{ratios['weights']:.2f}")
+              f"x{ratios['run_peak']:.2f}, anon x{ratios['anon']:.2f}, anon + in file "
+              f"x{ratios['anon_plus_in_file']:.2f}, weights x{ratios['weights']:.2f}")
         out[d]["ratios"] = ratios
     print(RSS_NOTE.format(n=forward))
     return out

@@ -17,10 +17,12 @@ to FP8 and to NVFP4 (Model Optimizer layout, SPEC §5). Cached under benchmarks/
   c. decode  batch-1 greedy decode (--prompt-len prompt, --new-tokens tokens) of FP8 and NVFP4 against BF16,
              per budget, float32 compute, interleaved reps, medians, ratios. On a CPU a quantized Linear is
              dequantized tile by tile inside every matmul (quant/linear.py), so it is expected to be slower.
-  d. rss     on bench_nesting.py's ~107M-parameter nested checkpoint (built if missing): peak RSS (VmHWM) of
-             loading the full budget with dtype=bfloat16 from the BF16 file as BF16, with load-time FP8 / NVFP4
-             quantization (`load(bf16_dir, precision=...)`), and from the stored FP8 / NVFP4 files; one fresh
-             process per case (bench_nesting.rss_child), minus a process that only imports.
+  d. rss     on bench_nesting.py's ~107M-parameter nested checkpoint (built if missing) and its FP8 / NVFP4
+             quantizations: memory of loading one budget (--rss-budget, default full) with dtype=bfloat16 from
+             the BF16 file as BF16, with load-time FP8 / NVFP4 quantization (`load(bf16_dir, precision=...)`),
+             and from the stored FP8 / NVFP4 files, then one forward pass; peak RSS (VmHWM) after each, RssAnon
+             and the checkpoint's mapped pages; one fresh process per case (bench_nesting.rss_child), above a
+             process that only imports.
 
 Random-weight models exaggerate quantization error: no trained weight or activation structure, and nearly
 flat next-token distributions, so argmax flips on tiny logit changes. Read (b) as a check that the formats
@@ -397,7 +399,7 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=128, help="length of each evaluated sequence")
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--reps", type=int, default=5, help="timed decode runs per (budget, precision)")
+    p.add_argument("--reps", type=int, default=3, help="timed decode runs per (budget, precision)")
     p.add_argument("--rss-reps", type=int, default=1, help="fresh processes per RSS case (the minimum is kept)")
     p.add_argument("--rss-budget", default="full", help="budget of the ~107M model the RSS part loads")
     p.add_argument("--forward-tokens", type=int, default=64, help="tokens of the forward pass after loading (RSS)")

@@ -213,8 +213,8 @@ def load_network(path: str | Path, resident: Budget | None = None, stored: Budge
         if stored_precision != "bf16" and is_quantized(name, kept):
             q = read_quantized(reader, name, stored_precision, rows, cols, device)
             return q.dequantize(dtype) if precision == "bf16" else q
-        if precision == "bf16" or not is_quantized(name, keep):
-            return get(name, rows, cols)
+        if precision == "bf16" or not is_quantized(name, kept if stored_precision != "bf16" else keep):
+            return get(name, rows, cols)  # left in high precision: by this load's `keep` or the file's exclusions
         raw = reader.read(name, rows, cols)
         whole = tuple(raw.shape) == reader.info(name).shape  # all of it, maybe reordered: same amax
         amax = (raw if whole else reader.read(name)).float().abs().amax()

@@ -46,8 +46,8 @@ class ElasticModel:
             raise KeyError(f"unknown budget {name!r}; this model runs {self.budgets}")
         return self._budgets[name]
 
-    def new_cache(self, batch_size: int = 1, budget: str | None = None) -> HybridCache:
-        return self.net.new_cache(batch_size, self.budget(budget))
+    def new_cache(self, batch_size: int = 1, budget: str | None = None, capacity: int = 0) -> HybridCache:
+        return self.net.new_cache(batch_size, self.budget(budget), capacity)
 
     def forward(self, input_ids: torch.Tensor, cache: HybridCache | None = None, budget: str | None = None,
                 last_only: bool = False) -> torch.Tensor:

@@ -226,13 +226,20 @@ class Generation:
 
     # ------------------------------------------------------------------------------------------ caches
 
+    def _capacity(self) -> int:
+        """Tokens a row can reach, so KV caches are allocated once (0 when a limit is open: they grow)."""
+        if self.req.max_think_tokens is None or self.req.max_answer_tokens is None:
+            return 0
+        slack = 64  # the inserted think-closing text and </think>
+        return max(len(r.ids) for r in self.rows) + self.req.max_think_tokens + self.req.max_answer_tokens + slack
+
     def _cache(self, budget: str) -> HybridCache:
         if budget not in self.caches:
             cache = None
             if self.session is not None:
                 cache = self.session.take(budget, self.rows[self.active[0]].ids)
             if cache is None:
-                cache = self.model.net.new_cache(len(self.active), self.model.budget(budget))
+                cache = self.model.net.new_cache(len(self.active), self.model.budget(budget), self._capacity())
             self.caches[budget] = cache
         return self.caches[budget]
 

@@ -14,15 +14,19 @@ from .tokenizer import Tokenizer
 
 
 def load(path: str | Path, budget: str | None = None, precision: str | None = None, device: str = "cpu",
-         dtype: torch.dtype = torch.float32, progress: Progress | None = None,
+         dtype: torch.dtype | None = None, progress: Progress | None = None,
          keep: tuple[str, ...] = ()) -> ElasticModel:
     """Load a Nemotron-H (or nested elastic) checkpoint directory. `budget` makes only that budget
     resident and reads only its slices from disk; every budget up to it then runs as views. "auto" for
-    `budget` and/or `precision` asks the fit planner what this machine holds.
+    `budget` and/or `precision` asks the fit planner what this machine holds. `dtype` (compute and
+    high-precision weights) defaults to bfloat16 on CUDA and with "auto", float32 otherwise.
     `precision`: None keeps what the file stores; "fp8" / "nvfp4" from a BF16 file quantize while loading
     (`keep`: module patterns left in high precision); "bf16" from a quantized file dequantizes."""
     path = Path(path)
-    if budget == "auto" or precision == "auto":  # the fit planner's pick for this machine
+    auto = budget == "auto" or precision == "auto"
+    if dtype is None:  # what the fit planner assumes (bf16 compute), except plain CPU runs: float32, exact
+        dtype = torch.bfloat16 if auto or torch.device(device).type == "cuda" else torch.float32
+    if auto:  # the fit planner's pick for this machine
         from ..hardware.fit import choose
 
         picked_budget, picked_precision = choose(path, device=device)
