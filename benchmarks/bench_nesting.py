@@ -251,13 +251,10 @@ def throughput(nested: Path, out_bytes: dict[str, int], reps: int, fsync: bool, 
                 g.write(f.read(n))
     tmp = WORK / "tmp"
     tmp.mkdir(exist_ok=True)
-    ops = {b: {f"slice {threads}t": (sources, partial(timed_slice, nested, b, tmp / "slice", fsync, threads)),
-               "slice 1t": (sources, partial(timed_slice, nested, b, tmp / "slice", fsync, 1)),
-               "copy": ([copy_src[b]], partial(timed_copy, copy_src[b], tmp / "copy", fsync))}
-           for b in out_bytes}
-    if threads == 1:
-        for b in ops:
-            del ops[b]["slice 1t"]
+    ops = {b: {f"slice {n}t": (sources, partial(timed_slice, nested, b, tmp / "slice", fsync, n))
+               for n in dict.fromkeys((threads, 1))} for b in out_bytes}
+    for b in out_bytes:
+        ops[b]["copy"] = ([copy_src[b]], partial(timed_copy, copy_src[b], tmp / "copy", fsync))
     res: dict = {}
     for mode in ("warm", "cold"):
         for per in ops.values():  # warm-up (and, for "warm", bring the sources into the page cache)

@@ -3,11 +3,12 @@
     .venv/bin/python benchmarks/bench_quant.py [--reps 5] [--skip decode,rss]
 
 A small random Nemotron-H (hidden 384, vocab 8192, 12 layers `M*EM-EM*E-ME`: 4 Mamba, 2 attention, 4 MoE
-with 16 experts, 2 dense MLP; ~19M parameters) is built with transformers, its weights given a scale at which
+with 16 experts, 2 dense MLP; 17.4M parameters) is built with transformers, its weights given a scale at which
 every block matters (weights ~ N(0, 1/fan_in), as tests/tiny.py does), stored in BF16 (router, A_log, D,
 dt_bias fp32), nested by `elastic_local.elastic.nest.nest` into full / p60 / p35 (60% and 35% of the
-parameters; every cut a multiple of 64), and quantized with `elastic_local.quant.quantize.quantize_checkpoint`
-to FP8 and to NVFP4 (Model Optimizer layout, SPEC §5). Cached under benchmarks/_work/quant/. Then:
+parameters; every cut a multiple of 16, the NVFP4 block), and quantized with
+`elastic_local.quant.quantize.quantize_checkpoint` to FP8 and to NVFP4 (Model Optimizer layout, SPEC §5).
+Cached under benchmarks/_work/quant/. Then:
 
   a. bytes   file bytes / parameters of every budget's extract (`slice_budget`) at each precision, for the
              whole file and for the quantized Linears alone (weights + scales), next to Star Elastic's sizes.
@@ -153,8 +154,9 @@ def bytes_per_param(dirs: dict[str, Path], budgets: list[str]) -> dict:
             path, _ = slice_budget(d, WORK / "slices" / f"{prec}-{b}", b, overwrite=True)
             tensors = index_tensors(path)
             lin_bytes = sum(t.nbytes for k, t in tensors.items() if linear_part(k))
-            lin_params = sum(math.prod(t.shape) for k, t in tensors.items() if linear_part(k) == k
-                             and prec == "bf16")
+            # parameters of the quantizable Linears: counted on the BF16 extract, where each is one tensor
+            lin_params = sum(math.prod(t.shape) for k, t in tensors.items() if linear_part(k) == k) \
+                if prec == "bf16" else 0
             out.setdefault(prec, {})[b] = {"file_bytes": sum(f.stat().st_size for f in path.glob("*.safetensors")),
                                            "linear_bytes": lin_bytes, "linear_params_bf16": lin_params}
             shutil.rmtree(path)
@@ -399,7 +401,7 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=128, help="length of each evaluated sequence")
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--reps", type=int, default=3, help="timed decode runs per (budget, precision)")
+    p.add_argument("--reps", type=int, default=5, help="timed decode runs per (budget, precision)")
     p.add_argument("--rss-reps", type=int, default=1, help="fresh processes per RSS case (the minimum is kept)")
     p.add_argument("--rss-budget", default="full", help="budget of the ~107M model the RSS part loads")
     p.add_argument("--forward-tokens", type=int, default=64, help="tokens of the forward pass after loading (RSS)")
