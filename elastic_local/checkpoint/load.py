@@ -137,13 +137,20 @@ def _block_index(ch: torch.Tensor, what: str) -> torch.Tensor:
     return first // GROUP_SIZE
 
 
+def _owned(t: torch.Tensor, device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A contiguous copy on `device` (converted once to `dtype`): holds no view of the memory-mapped file."""
+    return t.to(device, dtype or t.dtype, copy=True, memory_format=torch.contiguous_format)
+
+
 def read_quantized(reader: Reader, name: str, precision: str, rows, cols, device) -> QuantizedWeight:
-    """rows / cols of a stored FP8 or NVFP4 Linear (ints are prefixes, tensors indices), as views' sources."""
+    """rows / cols of a stored FP8 or NVFP4 Linear (ints are prefixes, tensors indices)."""
     stem = name[: -len(".weight")]
-    scalar = {k: reader.read(f"{stem}.{k}").float().reshape(()).to(device, copy=True, memory_format=torch.contiguous_format) for k in ("weight_scale", "input_scale")
-              if precision == "fp8" or k == "input_scale"}
+
+    def scalar(key: str) -> torch.Tensor:
+        return _owned(reader.read(f"{stem}.{key}").float().reshape(()), device)
+
     if precision == "fp8":
-        return FP8Weight(reader.read(name, rows, cols).to(device, copy=True, memory_format=torch.contiguous_format), scalar["weight_scale"], scalar["input_scale"])
+        return FP8Weight(_owned(reader.read(name, rows, cols), device), scalar("weight_scale"), scalar("input_scale"))
     if isinstance(cols, int):
         if cols % GROUP_SIZE:
             raise CheckpointError(f"{name}: cut at {cols} inputs, not a multiple of {GROUP_SIZE}")
@@ -151,9 +158,9 @@ def read_quantized(reader: Reader, name: str, precision: str, rows, cols, device
     else:
         scale_cols = _block_index(cols, name)
         packed_cols = (scale_cols[:, None] * (GROUP_SIZE // 2) + torch.arange(GROUP_SIZE // 2)).reshape(-1)
-    return NVFP4Weight(reader.read(name, rows, packed_cols).to(device, copy=True, memory_format=torch.contiguous_format),
-                       reader.read(f"{stem}.weight_scale", rows, scale_cols).to(device, copy=True, memory_format=torch.contiguous_format),
-                       reader.read(f"{stem}.weight_scale_2").float().reshape(()).to(device, copy=True, memory_format=torch.contiguous_format), scalar["input_scale"])
+    return NVFP4Weight(_owned(reader.read(name, rows, packed_cols), device),
+                       _owned(reader.read(f"{stem}.weight_scale", rows, scale_cols), device),
+                       scalar("weight_scale_2"), scalar("input_scale"))
 
 
 def check_tensors(path: Path, tensors: dict[str, TensorInfo], expected: dict[str, tuple[int, ...]]) -> None:
@@ -204,11 +211,9 @@ def load_network(path: str | Path, resident: Budget | None = None, stored: Budge
     log.info("weights: %s stored, %s resident", stored_precision, precision)
 
     def get(name: str, *index, fp32: bool = False) -> torch.Tensor:
-        t = reader.read(name, *index)
-        # always a fresh, contiguous copy: a zero-copy view would keep the file's pages (whole rows of a
-        # column prefix) mapped and counted, and strided weights take the slow matmul path
-        return t.to(device=device, dtype=torch.float32 if fp32 else dtype, copy=True,
-                    memory_format=torch.contiguous_format)
+        # a fresh, contiguous copy: a zero-copy view would keep the file's pages (whole rows of a column
+        # prefix) mapped and counted, and strided weights take the slow matmul path
+        return _owned(reader.read(name, *index), device, torch.float32 if fp32 else dtype)
 
     def get_linear(name: str, rows, cols):
         """A Linear weight as this run keeps it: a tensor, or a quantized weight (stored, or quantized now
