@@ -77,3 +77,18 @@ def test_importance_ordered_budget_is_closer_to_the_parent_than_an_unordered_cut
     ordered = nested.logits(ids, budget="small").flatten(0, 1)
     unordered = plain.net.forward(ids, b).flatten(0, 1)  # the same sizes, cut from the unpermuted file
     assert _kl(parent, ordered) < 0.5 * _kl(parent, unordered)
+
+
+def test_depth_order_removes_a_layer_that_does_nothing_first(tmp_path):
+    from elastic_local.elastic.importance import depth_order
+
+    make_checkpoint(tmp_path / "p", seed=33, **ALIGNED)
+    f = tmp_path / "p" / "model.safetensors"
+    sd = load_file(f)
+    sd["backbone.layers.4.mixer.down_proj.weight"].zero_()  # the dense MLP adds nothing to the residual
+    sd["backbone.layers.1.mixer.o_proj.weight"].mul_(0.01)  # attention adds almost nothing
+    save_file(sd, f, metadata={"format": "pt"})
+    net = elastic_local.load(tmp_path / "p").net
+    seqs = torch.randint(0, 96, (2, 24), generator=torch.Generator().manual_seed(4)).tolist()
+    order = depth_order(net, seqs)
+    assert order[:2] == [4, 1] and sorted(order) == list(range(7))

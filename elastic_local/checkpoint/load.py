@@ -225,7 +225,8 @@ def load_network(path: str | Path, resident: Budget | None = None, stored: Budge
             return get(name, rows, cols)  # left in high precision: by this load's `keep` or the file's exclusions
         raw = reader.read(name, rows, cols)
         whole = tuple(raw.shape) == reader.info(name).shape  # all of it, maybe reordered: same amax
-        amax = (raw if whole else reader.read(name)).float().abs().amax()
+        lo, hi = torch.aminmax(raw if whole else reader.read(name))  # exact in any dtype, no float copy
+        amax = torch.maximum(-lo, hi).float()
         return quantize(raw.to(device), precision, name, amax)
 
     d = resident.hidden
