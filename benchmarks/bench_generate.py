@@ -70,13 +70,10 @@ BUDGETS = {"mid": 0.6, "small": 0.35}
 
 def build(rebuild: bool = False) -> Path:
     """benchmarks/_work/gen/nested: random weights nested into full / mid / small, plus a tokenizer."""
-    from safetensors.torch import save_file
+    from random_model import write_random_parent
     from tiny import write_tokenizer
 
-    from elastic_local.checkpoint.load import expected_shapes
     from elastic_local.elastic.nest import nest
-    from elastic_local.model.budget import Budget
-    from elastic_local.model.config import NemotronHConfig
 
     out, stamp = WORK / "nested", WORK / "stamp.json"
     key = json.dumps({"config": CONFIG, "budgets": BUDGETS, "seed": SEED}, sort_keys=True)
@@ -84,22 +81,7 @@ def build(rebuild: bool = False) -> Path:
         return out
     shutil.rmtree(WORK, ignore_errors=True)
     parent = WORK / "parent"
-    parent.mkdir(parents=True)
-    (parent / "config.json").write_text(json.dumps(CONFIG, indent=2))
-    cfg = NemotronHConfig.from_dir(parent)
-    g = torch.Generator().manual_seed(SEED)
-    tensors = {}
-    for name, shape in expected_shapes(cfg, Budget.full(cfg)).items():
-        if name.endswith("A_log"):
-            t = torch.log(torch.empty(shape).uniform_(1, 8, generator=g))
-        elif name.endswith("dt_bias"):
-            t = torch.empty(shape).uniform_(-3, 0.5, generator=g)
-        elif "norm" in name or name.endswith(".D"):
-            t = 1 + 0.1 * torch.randn(shape, generator=g)
-        else:
-            t = torch.randn(shape, generator=g) / shape[-1] ** 0.5
-        tensors[("" if name == "lm_head.weight" else "backbone.") + name] = t
-    save_file(tensors, parent / "model.safetensors", metadata={"format": "pt"})
+    write_random_parent(parent, CONFIG, SEED)
     print(f"nesting {parent} (random weights) ...", file=sys.stderr)
     nest(parent, out, BUDGETS, max_tokens=2048)
     write_tokenizer(out)

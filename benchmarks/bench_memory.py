@@ -136,12 +136,10 @@ def build(rebuild: bool = False) -> Path:
     import shutil
 
     import torch
+    from random_model import write_random_parent
     from safetensors.torch import load_file, save_file
 
-    from elastic_local.checkpoint.load import expected_shapes
     from elastic_local.elastic.nest import nest
-    from elastic_local.model.budget import Budget
-    from elastic_local.model.config import NemotronHConfig
 
     out = WORK / "nested"
     stamp = WORK / "config.stamp.json"
@@ -150,23 +148,7 @@ def build(rebuild: bool = False) -> Path:
         return out
     shutil.rmtree(WORK, ignore_errors=True)
     parent = WORK / "parent"
-    parent.mkdir(parents=True)
-    (parent / "config.json").write_text(json.dumps(CONFIG, indent=2))
-    cfg = NemotronHConfig.from_dir(parent)
-    g = torch.Generator().manual_seed(SEED)
-    tensors = {}
-    for name, shape in expected_shapes(cfg, Budget.full(cfg)).items():
-        if name.endswith("A_log"):
-            t = torch.log(torch.empty(shape).uniform_(1, 8, generator=g))
-        elif name.endswith("dt_bias"):
-            t = torch.empty(shape).uniform_(-3, 0.5, generator=g)
-        elif "norm" in name or name.endswith(".D"):
-            t = 1 + 0.1 * torch.randn(shape, generator=g)
-        else:
-            t = torch.randn(shape, generator=g) / shape[-1] ** 0.5
-        tensors[("" if name == "lm_head.weight" else "backbone.") + name] = t
-    save_file(tensors, parent / "model.safetensors", metadata={"format": "pt"})
-    del tensors
+    write_random_parent(parent, CONFIG, SEED)
     print(f"nesting {parent} (random weights) ...", file=sys.stderr)
     nest(parent, WORK / "f32", BUDGETS, max_tokens=2048)
     shutil.copytree(WORK / "f32", out)
