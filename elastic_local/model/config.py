@@ -71,10 +71,6 @@ class NemotronHConfig:
     def mamba_d_inner(self) -> int:
         return self.mamba_num_heads * self.mamba_head_dim
 
-    @property
-    def mamba_conv_dim(self) -> int:
-        return self.mamba_d_inner + 2 * self.n_groups * self.ssm_state_size
-
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "config.json") -> NemotronHConfig:
         def fail(msg: str) -> ConfigError:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-Weight = torch.Tensor  # or a quantized weight with .block(r0, r1, cols) and .linear(x)
 
 
 def block(w, r0: int, r1: int, cols: int):
