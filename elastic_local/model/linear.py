@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 
 
-
 def block(w, r0: int, r1: int, cols: int):
     """Rows [r0, r1) and the first `cols` input columns of a [out, in] weight, without a copy."""
     if isinstance(w, torch.Tensor):
