@@ -132,3 +132,18 @@ def test_auto_takes_the_fit_planners_pick(nested, monkeypatch):
     m = elastic_local.load(nested / "bf16", budget="auto", precision="auto")
     assert asked == {"path": nested / "bf16", "device": "cpu"}
     assert m.budgets == ["half"] and type(m.net.layers[0].mixer.in_proj).__name__ == "FP8Weight"
+
+
+@pytest.mark.parametrize("precision", ["bf16", "nvfp4"])
+def test_info_json_lists_budgets_and_the_stored_precision(nested, precision, capsys):
+    from elastic_local.cli import main
+
+    assert main(["info", str(nested / precision), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["precision"] == precision
+    assert [b["name"] for b in d["budgets"]] == ["full", "half"]
+    for b in d["budgets"]:
+        assert b["params"] > b["active_params"] > 0
+        assert b["bytes"]["bf16"] > b["bytes"]["fp8"] > b["bytes"]["nvfp4"]
+    assert d["budgets"][1]["params"] < d["budgets"][0]["params"]
+    assert d["kernels"]["linear"].startswith("dense" if precision == "bf16" else "dequantize")
