@@ -49,6 +49,7 @@ import torch.nn.functional as F
 import elastic_local
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tiny.randomize
 import bench_nesting  # noqa: E402  (benchmarks/bench_nesting.py: the 100M checkpoint and the RSS child)
 
 WORK = Path(__file__).resolve().parent / "_work" / "quant"
@@ -71,31 +72,9 @@ CONFIG = dict(
 # ---------------------------------------------------------------------------------------------- checkpoints
 
 
-def randomize(model) -> None:
-    """Weights ~ N(0, 1/fan_in) and SSM parameters in their usual ranges (tests/tiny.py's recipe), so that
-    every block changes the output and routing varies from token to token."""
-    g = torch.Generator().manual_seed(SEED)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                p.copy_(torch.log(torch.empty(p.shape).uniform_(1, 8, generator=g)))
-            elif name.endswith("dt_bias"):
-                p.copy_(torch.empty(p.shape).uniform_(-3, 0.5, generator=g))
-            elif name.endswith(".D"):
-                p.copy_(torch.randn(p.shape, generator=g))
-            elif "norm" in name:
-                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
-            elif "conv1d" in name:
-                p.copy_(0.4 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.copy_(0.3 * torch.randn(b.shape, generator=g))
-
-
 def build_tiny(rebuild: bool = False) -> dict[str, Path]:
     """WORK/{bf16,fp8,nvfp4}: the tiny model nested, and its nested file quantized."""
+    from tiny import randomize  # the tests' recipe: every block matters, routing varies
     from transformers import NemotronHConfig, NemotronHForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -113,7 +92,7 @@ def build_tiny(rebuild: bool = False) -> dict[str, Path]:
     hf_logging.disable_progress_bar()
     torch.manual_seed(SEED)
     model = NemotronHForCausalLM(NemotronHConfig(**CONFIG))
-    randomize(model)
+    randomize(model, SEED)
     model.config.time_step_min = 1e-9  # transformers clamps dt at time_step_min, the shipped model does not
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         if not bench_nesting.FP32_TENSORS.search(name):
