@@ -94,29 +94,7 @@ def _checkpoint_mappings() -> tuple[int, list[tuple[int, int]]]:
 
 def _views_of_the_file(m, ranges: list[tuple[int, int]]) -> int:
     """Bytes of the model's tensors that are views into a mapped weight file (zero-copy loads)."""
-    import dataclasses
-
-    import torch
-
-    seen: dict[int, int] = {}
-
-    def walk(obj):
-        if isinstance(obj, torch.Tensor):
-            p = obj.data_ptr()
-            if obj.numel() and any(lo <= p < hi for lo, hi in ranges):
-                seen.setdefault(p, obj.nbytes)
-        elif dataclasses.is_dataclass(obj):
-            for f in dataclasses.fields(obj):
-                walk(getattr(obj, f.name))
-        elif isinstance(obj, (list, tuple)):
-            for x in obj:
-                walk(x)
-        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
-            for x in vars(obj).values():
-                walk(x)
-
-    walk([m.net.embed, m.net.layers, m.net.norm_f, m.net.lm_head])
-    return sum(seen.values())
+    return sum(t.nbytes for t in m.net.tensors() if any(lo <= t.data_ptr() < hi for lo, hi in ranges))
 
 
 def _reset_peak() -> bool:

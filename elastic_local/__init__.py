@@ -3,10 +3,11 @@
 import os
 
 # oneDNN (torch's CPU matmuls, convolutions, attention) caches one primitive per input shape, 1024 by
-# default; every prefill chunk attends to a longer cache, so that cache grew by tens of MiB per chunk
-# (measured: 8192 tokens of context held 27% more than planned; with 32 entries 10%, decode unchanged).
-# It is read when oneDNN first runs, so this must come before any torch work.
-os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "32")
+# default; every prefill chunk attends to a longer cache, so that cache grew by tens of MiB per chunk.
+# Measured on a 290M model at 8192 tokens (benchmarks/bench_memory.py, bench_decode.py 100m): 1024
+# entries hold 1.27x the planned memory; 32 entries 1.09x but prefill and decode slow down (primitives
+# rebuilt); 64 entries 1.13x at full speed. Read when oneDNN first runs: this must precede torch work.
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
 
 from .engine import ElasticModel, load
 from .model import Budget, NemotronHConfig

@@ -196,24 +196,7 @@ def file_bytes(path: Path) -> int:
 
 def resident_bytes(m) -> int:
     """Bytes of every distinct tensor the loaded network holds."""
-    seen: dict[int, int] = {}
-
-    def walk(obj):
-        if isinstance(obj, torch.Tensor):
-            if obj.numel():
-                seen.setdefault(obj.data_ptr(), obj.nbytes)
-        elif dataclasses.is_dataclass(obj):
-            for f in dataclasses.fields(obj):
-                walk(getattr(obj, f.name))
-        elif isinstance(obj, (list, tuple)):
-            for x in obj:
-                walk(x)
-        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
-            for x in vars(obj).values():
-                walk(x)
-
-    walk([m.net.embed, m.net.layers, m.net.norm_f, m.net.lm_head])
-    return sum(seen.values())
+    return sum(t.nbytes for t in m.net.tensors())
 
 
 def weights_of(p, budget: str, precision: str):

@@ -84,6 +84,25 @@ class NemotronH:
         # per-head output before out_proj ("mamba_y"); importance scoring uses it, inference leaves it None
         self.observer: Observer | None = None
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every distinct tensor the resident weights hold, packed quantized ones included (for memory
+        accounting: `sum(t.nbytes for t in net.tensors())` is what the weights occupy)."""
+        seen: dict[int, torch.Tensor] = {}
+
+        def walk(obj) -> None:
+            if isinstance(obj, torch.Tensor):
+                if obj.numel():
+                    seen.setdefault(obj.data_ptr(), obj)
+            elif isinstance(obj, (list, tuple)):
+                for x in obj:
+                    walk(x)
+            elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+                for x in vars(obj).values():
+                    walk(x)
+
+        walk([self.embed, self.layers, self.norm_f, self.lm_head])
+        return list(seen.values())
+
     @property
     def device(self) -> torch.device:
         return self.embed.device
