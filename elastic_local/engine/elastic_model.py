@@ -49,12 +49,14 @@ class ElasticModel:
     def new_cache(self, batch_size: int = 1, budget: str | None = None, capacity: int = 0) -> HybridCache:
         return self.net.new_cache(batch_size, self.budget(budget), capacity)
 
+    @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: HybridCache | None = None, budget: str | None = None,
                 last_only: bool = False) -> torch.Tensor:
         """Logits [B, T or 1, vocab] (float32); with a cache, continues and advances it (its budget runs)."""
         b = cache.budget if cache is not None else self.budget(budget)
         return self.net.forward(input_ids.to(self.net.device), b, cache, last_only)
 
+    @torch.inference_mode()
     def logits(self, input_ids: torch.Tensor, budget: str | None = None) -> torch.Tensor:
         """Logits of a whole sequence from scratch: LongTensor [B, T] -> FloatTensor [B, T, vocab]."""
         return self.net.forward(input_ids.to(self.net.device), self.budget(budget))

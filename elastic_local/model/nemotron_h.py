@@ -138,11 +138,11 @@ class NemotronH:
                 states.append(None)
         return HybridCache(b, states, [0] * batch_size)
 
-    @torch.inference_mode()
     def forward(self, ids: torch.Tensor, budget: Budget | None = None, cache: HybridCache | None = None,
                 last_only: bool = False) -> torch.Tensor:
         """Logits (float32) of `ids` [B, T]. With a cache, continues the cached sequences and advances them;
-        long inputs are prefilled in chunks of `prefill_chunk` tokens to bound activation memory."""
+        long inputs are prefilled in chunks of `prefill_chunk` tokens to bound activation memory. It builds an
+        autograd graph when weights require grad (training); runtime callers wrap it in inference_mode."""
         b = self._budget(budget if cache is None else cache.budget)
         if cache is not None and budget is not None and budget != cache.budget:
             raise ValueError(f"this cache belongs to budget {cache.budget.name!r}, not {budget.name!r}")

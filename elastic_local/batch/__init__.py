@@ -1,0 +1,1 @@
+"""Offline batch prompt files (OpenAI batch JSONL or plain prompts) with continuous batching."""

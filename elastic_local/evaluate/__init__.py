@@ -1,0 +1,1 @@
+"""`elastic-local eval`: accuracy per budget, budget control and precision on the task corpus."""
