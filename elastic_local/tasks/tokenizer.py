@@ -1,0 +1,56 @@
+"""The demo model's tokenizer: byte-level BPE trained on the corpus with `tokenizers`, every digit its own
+token (so column arithmetic sees one digit per position), and the chat and think specials.
+
+The chat template is ChatML with Nemotron-3's thinking convention, the one the engine renders: earlier
+assistant turns are their answer alone (`<think></think>answer`), the generation prompt opens thinking
+(`<think>\\n`) or, with enable_thinking false, closes it at once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+
+CHAT_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' -%}"
+    "{{- '<|im_start|>assistant\\n<think></think>' ~ m.content ~ '<|im_end|>\\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' ~ m.role ~ '\\n' ~ m.content ~ '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|im_start|>assistant\\n' ~ ('<think>\\n' if enable_thinking is not defined or enable_thinking "
+    "else '<think></think>') -}}"
+    "{%- endif -%}"
+)
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int):
+    """A byte-level BPE of `vocab_size` tokens (specials included) learned from `texts`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    return tok
+
+
+def save_tokenizer(tok, path: str | Path) -> None:
+    """tokenizer.json, tokenizer_config.json (specials, chat template) and generation_config.json."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "<|im_end|>",
+              "pad_token": "<pad>", "unk_token": "<unk>", "model_max_length": 4096, "chat_template": CHAT_TEMPLATE}
+    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    ids = {s: tok.token_to_id(s) for s in SPECIALS}
+    gen = {"bos_token_id": ids["<s>"], "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<pad>"]}
+    (path / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")

@@ -1,0 +1,134 @@
+"""Rebuild the embedded demo model from scratch: corpus -> tokenizer -> parent -> nested budgets.
+
+    .venv/bin/python packaging/demo/build.py [--recipe packaging/demo/recipe.toml] [--out packaging/demo/build]
+    .venv/bin/python packaging/demo/build.py --ship     # and copy the nested model into elastic_local/catalog/demo
+
+Every stage writes its output atomically and is skipped when that output exists, so running the command
+again resumes (training itself resumes from its last saved step). Everything follows from the recipe's
+seed: the corpus, the tokenizer, the initial weights and the data order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+HERE = Path(__file__).resolve().parent
+CATALOG = HERE.parent.parent / "elastic_local" / "catalog" / "demo"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def model_config(recipe: dict, tokenizer_dir: Path) -> dict:
+    """The parent's Nemotron-H config.json: the recipe's sizes plus the tokenizer's special ids."""
+    gen = json.loads((tokenizer_dir / "generation_config.json").read_text())
+    m = recipe["model"]
+    return {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"],
+            "vocab_size": recipe["corpus"]["vocab_size"], **m,
+            "mlp_hidden_act": "relu2", "mamba_hidden_act": "silu", "use_conv_bias": True, "use_bias": False,
+            "mamba_proj_bias": False, "attention_bias": False, "mlp_bias": False, "norm_topk_prob": True,
+            "n_group": 1, "topk_group": 1, "layer_norm_epsilon": 1e-5, "time_step_limit": [0.0, None],
+            "tie_word_embeddings": False, "torch_dtype": "bfloat16", "num_hidden_layers": len(m["hybrid_override_pattern"]),
+            "bos_token_id": gen["bos_token_id"], "eos_token_id": gen["eos_token_id"],
+            "pad_token_id": gen["pad_token_id"]}
+
+
+def build(recipe: dict, out: Path, stages: str = "all") -> Path:
+    import torch
+
+    from elastic_local.model.config import NemotronHConfig
+    from elastic_local.tasks.corpus import chat_text, items
+    from elastic_local.tasks.tokenizer import save_tokenizer, train_tokenizer
+    from elastic_local.train import pretrain
+
+    seed, corpus = recipe["seed"], recipe["corpus"]
+    out.mkdir(parents=True, exist_ok=True)
+
+    tok_dir = out / "tokenizer"
+    if not (tok_dir / "tokenizer.json").is_file():
+        log(f"tokenizer: BPE of {corpus['vocab_size']} tokens on {corpus['tokenizer_items']} conversations")
+        texts = ["".join(chat_text(it)) for it in items("train", corpus["tokenizer_items"], seed)]
+        tmp = out / "tokenizer.partial"
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_tokenizer(train_tokenizer(texts, corpus["vocab_size"]), tmp)
+        tmp.rename(tok_dir)
+
+    init_dir = out / "init"
+    config = model_config(recipe, tok_dir)
+    if not (init_dir / "config.json").is_file():
+        cfg = NemotronHConfig.from_dict(config)
+        log("init: random parent " + cfg.pattern)
+        pretrain.write_checkpoint(init_dir, config, pretrain.init_tensors(cfg, seed), tok_dir)
+
+    parent = out / "parent"
+    if not (parent / "config.json").is_file():
+        from tokenizers import Tokenizer
+
+        log(f"corpus: {corpus['train_items']} training conversations (seed {seed})")
+        pairs = [chat_text(it) for it in items("train", corpus["train_items"], seed)]
+        tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+        examples = pretrain.encode_examples(pairs, tok)
+        tc = pretrain.TrainConfig(seed=seed, **{k: (tuple(v) if isinstance(v, list) else v)
+                                                for k, v in recipe["train"].items()})
+        net, params = pretrain.train(init_dir, examples, out / "train", tc, pad_id=tok.token_to_id("<pad>"), log=log)
+        pretrain.write_checkpoint(parent, config, pretrain.hub_tensors(net, params), tok_dir, dtype=torch.bfloat16)
+        log(f"parent written to {parent}")
+    if stages == "parent":
+        return parent
+
+    calib = out / "calib.txt"
+    if not calib.is_file():
+        texts = ["".join(chat_text(it)) for it in items("train", corpus["calib_items"], seed + 1)]
+        calib.with_suffix(".partial").write_text("\n".join(texts))
+        calib.with_suffix(".partial").rename(calib)
+
+    nested = out / "nested"
+    if not (nested / "config.json").is_file():
+        from elastic_local.elastic.nest import nest
+
+        log(f"nest: budgets {recipe['nest']} of the parent's parameters")
+        nest(parent, nested, dict(recipe["nest"]), calib=calib, dtype=torch.float32)
+        log(f"nested model written to {nested}")
+    return nested
+
+
+def ship(nested: Path) -> None:
+    """Replace the package's catalog/demo with the nested model's files."""
+    tmp = CATALOG.with_name("demo.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(nested, tmp)
+    shutil.rmtree(CATALOG, ignore_errors=True)
+    tmp.rename(CATALOG)
+    log(f"shipped {sum(f.stat().st_size for f in CATALOG.iterdir()) / 2**20:.1f} MiB to {CATALOG}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--recipe", type=Path, default=HERE / "recipe.toml")
+    ap.add_argument("--out", type=Path, default=HERE / "build")
+    ap.add_argument("--stages", choices=["all", "parent"], default="all",
+                    help="'parent' stops after training the parent")
+    ap.add_argument("--ship", action="store_true", help="copy the nested model into elastic_local/catalog/demo")
+    args = ap.parse_args(argv)
+    recipe = tomllib.loads(args.recipe.read_text())
+    result = build(recipe, args.out, args.stages)
+    if args.ship:
+        if args.stages != "all":
+            ap.error("--ship needs every stage (drop --stages)")
+        ship(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
