@@ -29,7 +29,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .caches import Session
 from .events import Result
-from .generate import Generation, Request, Stream
+from .generate import Generation
+from .phases import Request
+from .stream import Stream
 
 if TYPE_CHECKING:
     from .elastic_model import ElasticModel
@@ -75,7 +77,6 @@ class ChatTemplate:
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         self.source = source or FALLBACK_TEMPLATE
-        self.is_fallback = source is None
         self.template = env.from_string(self.source)
         self.bos_token, self.eos_token = bos_token or "", eos_token or ""
 

@@ -14,7 +14,9 @@ from ..model.budget import Budget
 from ..model.config import NemotronHConfig
 from ..model.nemotron_h import HybridCache, NemotronH
 from .events import Result
-from .generate import Generation, Request, Specials, Stream
+from .generate import Generation
+from .phases import Request, Specials
+from .stream import Stream
 from .tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -33,6 +35,10 @@ class ElasticModel:
     @property
     def config(self) -> NemotronHConfig:
         return self.net.cfg
+
+    @property
+    def device(self) -> torch.device:
+        return self.net.device
 
     @property
     def budgets(self) -> list[str]:
@@ -63,7 +69,7 @@ class ElasticModel:
 
     # ------------------------------------------------------------------------------------------ generation
     # The prompt ends where thinking starts (after `<think>`; after `</think>` for thinking off). Options
-    # are generate.Request's fields: think_budget, answer_budget, max_think_tokens, max_answer_tokens,
+    # are phases.Request's fields: think_budget, answer_budget, max_think_tokens, max_answer_tokens,
     # temperature, top_k, top_p, min_p, seed, stop, stop_ids, ignore_eos, think_close, transplant.
 
     @property
