@@ -21,8 +21,9 @@ def _count(n: int) -> str:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from .checkpoint.inspect import describe
+    from .paths import default_model
 
-    d = describe(args.dir)
+    d = describe(args.dir if args.dir is not None else default_model())
     if args.json:
         print(json.dumps(d, indent=2))
         return 0
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("info", help="describe a checkpoint directory")
-    p.add_argument("dir")
+    p.add_argument("dir", nargs="?", default=None, help="checkpoint directory (default: the embedded demo model)")
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=cmd_info)
 
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("generate", help="answer one prompt, streaming thinking and answer",
                        description=cmd_generate.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dir")
+    p.add_argument("dir", nargs="?", default=None, help="checkpoint directory (default: the embedded demo model)")
     p.add_argument("--prompt", required=True, help="the user message (rendered with the chat template)")
     p.add_argument("--system", help="a system message")
     p.add_argument("--no-think", action="store_true", help="open the answer at once (thinking off)")
@@ -281,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     from .batch.cli import register as register_batch
 
     register_batch(sub)
+
+    from .evaluate.cli import register as register_eval
+
+    register_eval(sub)
 
     args = parser.parse_args(argv)
     try:

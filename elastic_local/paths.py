@@ -45,3 +45,17 @@ def data_dir() -> Path:
     if sys.platform == "darwin":
         return Path.home() / "Library" / "Application Support" / APP
     return _env_dir("XDG_DATA_HOME", Path.home() / ".local" / "share") / APP
+
+
+# the models that ship inside the package (package data): the embedded demo model, used when none is named
+CATALOG = Path(__file__).resolve().parent / "catalog"
+DEMO_MODEL = CATALOG / "demo"
+
+
+def default_model() -> Path:
+    """The embedded demo model's directory; a clear error when this install lacks it."""
+    if not (DEMO_MODEL / "config.json").is_file():
+        raise FileNotFoundError(f"{DEMO_MODEL}: the embedded demo model is not in this install; reinstall "
+                                "elastic-local, rebuild it (packaging/demo/build.py --ship) or name a checkpoint "
+                                "directory")
+    return DEMO_MODEL

@@ -9,20 +9,22 @@ import torch
 from ..checkpoint.load import Progress, load_network, stored_budget
 from ..elastic.table import read_budgets
 from ..model.config import NemotronHConfig
+from ..paths import default_model
 from .elastic_model import ElasticModel
 from .tokenizer import Tokenizer
 
 
-def load(path: str | Path, budget: str | None = None, precision: str | None = None, device: str = "cpu",
-         dtype: torch.dtype | None = None, progress: Progress | None = None,
+def load(path: str | Path | None = None, budget: str | None = None, precision: str | None = None,
+         device: str = "cpu", dtype: torch.dtype | None = None, progress: Progress | None = None,
          keep: tuple[str, ...] = ()) -> ElasticModel:
-    """Load a Nemotron-H (or nested elastic) checkpoint directory. `budget` makes only that budget
-    resident and reads only its slices from disk; every budget up to it then runs as views. "auto" for
+    """Load a Nemotron-H (or nested elastic) checkpoint directory; without a path, the embedded demo model.
+    `budget` makes only that budget resident and reads only its slices from disk; every budget up to it
+    then runs as views. "auto" for
     `budget` and/or `precision` asks the fit planner what this machine holds. `dtype` (compute and
     high-precision weights) defaults to bfloat16 on CUDA and with "auto", float32 otherwise.
     `precision`: None keeps what the file stores; "fp8" / "nvfp4" from a BF16 file quantize while loading
     (`keep`: module patterns left in high precision); "bf16" from a quantized file dequantizes."""
-    path = Path(path)
+    path = Path(path) if path is not None else default_model()
     auto = budget == "auto" or precision == "auto"
     if dtype is None:  # what the fit planner assumes (bf16 compute), except plain CPU runs: float32, exact
         dtype = torch.bfloat16 if auto or torch.device(device).type == "cuda" else torch.float32

@@ -157,7 +157,8 @@ def counting(rng: random.Random, level: int) -> Item:
         is_kind = (x % 2 == 0) == (kind == "even")
         count += is_kind
         lines.append(f"{x} is {'even' if x % 2 == 0 else 'odd'}" + (f", count {count}" if is_kind else ""))
-    return Item("counting", level, q, "\n".join(lines) + "\n", f"There {'is' if count == 1 else 'are'} {count} {kind} number{'' if count == 1 else 's'}.", str(count))
+    answer = f"There is 1 {kind} number." if count == 1 else f"There are {count} {kind} numbers."
+    return Item("counting", level, q, "\n".join(lines) + "\n", answer, str(count))
 
 
 def equation(rng: random.Random, level: int) -> Item:

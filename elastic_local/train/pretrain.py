@@ -283,6 +283,7 @@ class TrainState:
 def save_state(path: Path, params: dict[str, torch.Tensor], opt: torch.optim.AdamW, state: TrainState,
                tc: TrainConfig) -> None:
     """Weights and AdamW moments (safetensors) + step and config (JSON), replaced as one directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
     tensors = {f"param/{n}": t.detach().contiguous() for n, t in params.items()}
     index = {id(t): n for n, t in params.items()}
@@ -338,6 +339,7 @@ def train(init_dir: Path, examples: list[Example], work: Path, tc: TrainConfig, 
     log(f"training {n_params / 1e6:.2f}M parameters on {len(examples)} examples, {tc.steps} steps of "
         f"{tc.batch_size}")
     data = batches(examples, tc.batch_size, tc.seed, state.step, pad_id)
+    start, run_seconds = state.step, 0.0  # the ETA comes from this run's own pace
     window_t, window_tok, window_loss, window_n = time.perf_counter(), 0, 0.0, 0
     while state.step < tc.steps:
         ids, tgt = next(data)
@@ -359,12 +361,14 @@ def train(init_dir: Path, examples: list[Example], work: Path, tc: TrainConfig, 
             now = time.perf_counter()
             dt = now - window_t
             state.seconds += dt
+            run_seconds += dt
             rate = window_tok / dt
-            per_step = state.seconds / state.step if not state.losses else dt / 10
+            per_step = run_seconds / (state.step - start)
             avg = window_loss / max(1, window_n)
             state.losses.append((state.step, round(avg, 4)))
+            eta = _fmt_time(per_step * (tc.steps - state.step))
             log(f"step {state.step}/{tc.steps} loss {avg:.4f} lr {lr_at(state.step, tc):.2e} "
-                f"{rate:.0f} tok/s elapsed {_fmt_time(state.seconds)} ETA {_fmt_time(per_step * (tc.steps - state.step))}")
+                f"{rate:.0f} tok/s elapsed {_fmt_time(state.seconds)} ETA {eta}")
             window_t, window_tok, window_loss, window_n = now, 0, 0.0, 0
         if state.step % tc.save_every == 0 or state.step == tc.steps:
             save_state(state_dir, params, opt, state, tc)

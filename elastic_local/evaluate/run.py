@@ -1,0 +1,148 @@
+"""Score a model on the held-out task items: accuracy per budget and level, budget control (thinking on
+one budget, answering on another), precision recovery, and a comparison with an independently trained
+model.
+
+Items are generated together in batches (greedy), so the time per item is the batch's wall time over its
+items: comparable between configurations measured the same way, not a batch-1 latency.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..engine.elastic_model import ElasticModel
+from ..model.budget import count_params
+from ..tasks.corpus import check, items, prompt_messages
+from ..tasks.families import ALL_LEVELS, FAMILIES, Item
+
+# (think, answer) roles of the budget-control table; roles map to the model's budgets, largest first
+CONTROL = (("small", "small"), ("small", "full"), ("mid", "full"), ("full", "small"), ("full", "full"))
+Progress = Callable[[str], None]
+
+
+def eval_items(per_cell: int, seed: int = 1234, levels: tuple[int, ...] = ALL_LEVELS,
+               families: tuple[str, ...] | None = None) -> list[Item]:
+    """`per_cell` held-out items for every (family, level): a fixed set for a given seed."""
+    out = []
+    for fam in families or tuple(FAMILIES):
+        for level in levels:
+            out += list(items("heldout", per_cell, seed, levels=(level,), families=(fam,)))
+    return out
+
+
+def roles(budgets: list[str]) -> dict[str, str]:
+    """full / mid / small -> the model's budget names (largest, middle, smallest)."""
+    return {"full": budgets[0], "mid": budgets[len(budgets) // 2], "small": budgets[-1]}
+
+
+@dataclass
+class Score:
+    """One configuration's results over the items."""
+
+    think: str
+    answer: str
+    precision: str
+    n: int = 0
+    correct: int = 0
+    think_tokens: int = 0
+    answer_tokens: int = 0
+    seconds: float = 0.0
+    by_level: dict[int, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
+    by_family: dict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.n if self.n else 0.0
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in ("think", "answer", "precision", "n", "correct", "think_tokens",
+                                            "answer_tokens", "seconds")}
+        d.update(accuracy=self.accuracy, think_tokens_per_item=self.think_tokens / max(1, self.n),
+                 seconds_per_item=self.seconds / max(1, self.n),
+                 by_level={str(k): c / t for k, (c, t) in sorted(self.by_level.items())},
+                 by_family={k: c / t for k, (c, t) in sorted(self.by_family.items())})
+        return d
+
+
+def score(model: ElasticModel, its: list[Item], think: str, answer: str, precision: str = "bf16",
+          batch_size: int = 32, max_think_tokens: int = 512, max_answer_tokens: int = 64) -> Score:
+    """Greedy generation of every item with thinking on `think` and the answer on `answer`."""
+    s = Score(think, answer, precision)
+    prompts = [model.chat_prompt(prompt_messages(it)) for it in its]
+    for i in range(0, len(its), batch_size):
+        t0 = time.perf_counter()
+        results = model.generate(prompts[i:i + batch_size], think_budget=think, answer_budget=answer,
+                                 max_think_tokens=max_think_tokens, max_answer_tokens=max_answer_tokens)
+        s.seconds += time.perf_counter() - t0
+        for it, r in zip(its[i:i + batch_size], results):
+            ok = check(it, r.answer_text)
+            s.n += 1
+            s.correct += ok
+            s.think_tokens += r.stats.think_tokens
+            s.answer_tokens += r.stats.answer_tokens
+            for key, table in ((it.level, s.by_level), (it.family, s.by_family)):
+                table[key][0] += ok
+                table[key][1] += 1
+    return s
+
+
+def evaluate(path: str | Path | None, per_cell: int = 5, levels: tuple[int, ...] = ALL_LEVELS,
+             precisions: tuple[str, ...] = ("bf16", "fp8", "nvfp4"), compare: str | Path | None = None,
+             batch_size: int = 32, seed: int = 1234, progress: Progress | None = None) -> dict:
+    """The whole report as a dict (see report.py for the table and the plot)."""
+    from ..engine.load import load
+
+    its = eval_items(per_cell, seed, levels)
+    say = progress or (lambda _m: None)
+    model = load(path)
+    names = model.budgets
+    role = roles(names)
+    cfg = model.config
+    report: dict = {"model": str(model.path), "items": len(its), "per_cell": per_cell, "levels": list(levels),
+                    "seed": seed,
+                    "budgets": {b: {"params": count_params(cfg, model.budget(b))[0],
+                                    "active_params": count_params(cfg, model.budget(b))[1]} for b in names},
+                    "roles": role, "scores": []}
+    done: dict[tuple[str, str, str], Score] = {}
+
+    def run(m: ElasticModel, think: str, answer: str, precision: str) -> Score:
+        key = (think, answer, precision)
+        if key not in done:
+            say(f"{precision} think={think} answer={answer}: {len(its)} items")
+            done[key] = score(m, its, think, answer, precision, batch_size)
+            report["scores"].append(done[key].to_dict())
+        return done[key]
+
+    for b in names:
+        run(model, b, b, "bf16")
+    for t, a in CONTROL:
+        run(model, role[t], role[a], "bf16")
+    report["control"] = [{"think": t, "answer": a, "key": [role[t], role[a], "bf16"]} for t, a in CONTROL]
+    del model
+
+    report["precision"] = []
+    for precision in precisions:
+        if precision == "bf16":
+            continue
+        qmodel = load(path, precision=precision)
+        for b in names:
+            q, base = run(qmodel, b, b, precision), done[(b, b, "bf16")]
+            report["precision"].append({"budget": b, "precision": precision, "accuracy": q.accuracy,
+                                        "bf16_accuracy": base.accuracy,
+                                        "recovery": q.accuracy / base.accuracy if base.accuracy else None})
+        del qmodel
+
+    if compare is not None:
+        other = load(compare)
+        o = score(other, its, other.budgets[0], other.budgets[0], "bf16", batch_size)
+        say(f"independent model {compare}: {o.accuracy:.3f}")
+        nested = done[(role["small"], role["small"], "bf16")]
+        report["compare"] = {"path": str(compare), "params": count_params(other.config, other.budget())[0],
+                             "independent": o.to_dict(), "nested_budget": role["small"],
+                             "nested_params": report["budgets"][role["small"]]["params"],
+                             "nested_accuracy": nested.accuracy}
+    return report

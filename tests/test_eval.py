@@ -1,0 +1,32 @@
+"""`elastic-local eval` on a few items: the report holds every section, its table and JSON, and the plot."""
+
+from __future__ import annotations
+
+import json
+
+from elastic_local.cli import main
+from elastic_local.evaluate.report import pareto
+
+
+def test_eval_on_a_few_items_writes_table_json_and_plot(tmp_path, capsys):
+    out, png = tmp_path / "eval.json", tmp_path / "frontier.png"
+    assert main(["eval", "--items", "1", "--levels", "1", "--precisions", "fp8", "--json", str(out),
+                 "--plot", str(png)]) == 0
+    text = capsys.readouterr().out
+    for heading in ("accuracy per budget and level", "budget control", "load-time quantization"):
+        assert heading in text
+    report = json.loads(out.read_text())
+    assert report["items"] == 7 and list(report["budgets"]) == ["full", "mid", "small"]
+    pairs = {(c["think"], c["answer"]) for c in report["control"]}
+    assert pairs == {("small", "small"), ("small", "full"), ("mid", "full"), ("full", "small"), ("full", "full")}
+    quantized = {(p["budget"], p["precision"]) for p in report["precision"]}
+    assert quantized == {(b, "fp8") for b in ("full", "mid", "small")}
+    for s in report["scores"]:
+        assert s["n"] == 7 and 0 <= s["accuracy"] <= 1 and s["seconds_per_item"] > 0
+        assert set(s["by_level"]) == {"1"}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_frontier_keeps_only_configurations_nothing_beats():
+    pts = [(1.0, 0.5), (2.0, 0.9), (1.5, 0.4), (3.0, 0.9), (0.5, 0.2)]
+    assert pareto(pts) == [4, 0, 1]

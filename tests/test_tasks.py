@@ -1,0 +1,101 @@
+"""The task corpus: every stored answer and the checker agree with Python's own arithmetic and sorted(),
+computed from the question text alone; the splits are deterministic and disjoint."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from elastic_local.tasks.corpus import chat_text, check, extract, held_out, items
+from elastic_local.tasks.families import ALL_LEVELS, FAMILIES, TRAIN_LEVELS
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in re.findall(r"\d+", text)]
+
+
+def independent_answer(family: str, question: str) -> str:
+    """The answer from the question's text, by Python, knowing nothing of the generators' traces."""
+    if family == "addition":
+        return str(sum(ints(question)))
+    if family == "subtraction":
+        a, b = ints(question)
+        return str(a - b if "Subtract" not in question else b - a)
+    if family == "word_problem":
+        sentences = question.split(". ")
+        total = ints(sentences[0])[0]
+        for s in sentences[1:]:
+            if "How many" in s:
+                break
+            n = ints(s)[0]
+            total += n if "more" in s else -n
+        return str(total)
+    if family == "comparison":
+        return str(max(ints(question)))
+    if family == "sorting":
+        return ", ".join(map(str, sorted(ints(question))))
+    if family == "counting":
+        want = 0 if "even" in question else 1
+        return str(sum(1 for x in ints(question) if x % 2 == want))
+    if family == "equation":
+        m = re.search(r"(\d*)x \+ (\d+) = (\d+)", question)
+        a, b, c = int(m.group(1) or 1), int(m.group(2)), int(m.group(3))
+        assert (c - b) % a == 0
+        return str((c - b) // a)
+    raise AssertionError(family)
+
+
+@pytest.mark.parametrize("split", ["train", "heldout"])
+def test_every_answer_matches_python_computed_from_the_question(split):
+    for it in items(split, 700, seed=3):
+        want = independent_answer(it.family, it.question)
+        assert it.truth == want, it
+        assert check(it, it.answer), it
+        assert extract(it.family, it.answer) == want
+
+
+def test_checker_rejects_wrong_and_missing_answers():
+    for it in items("heldout", 70, seed=5):
+        nums = ints(it.truth)
+        wrong = ", ".join(str(x + 1) for x in nums)
+        assert not check(it, wrong)
+        assert not check(it, "I do not know.")
+    sort_item = next(i for i in items("train", 50, 0) if i.family == "sorting")
+    assert not check(sort_item, ", ".join(map(str, sorted(ints(sort_item.truth), reverse=True))))
+
+
+def test_trace_computes_the_parts_the_answer_reads_back():
+    """Addition writes the sum's digits from the right in the trace; the answer reads them in order."""
+    for it in items("train", 200, seed=1, families=("addition", "subtraction")):
+        digits = it.trace.strip().splitlines()[-1].removeprefix("digits from the right: ").split()
+        assert ("".join(reversed(digits)).lstrip("0") or "0") == it.truth
+
+
+def test_splits_are_deterministic_disjoint_and_heldout_is_harder():
+    a = list(items("train", 300, seed=7))
+    assert a == list(items("train", 300, seed=7))
+    assert a != list(items("train", 300, seed=8))
+    held = list(items("heldout", 300, seed=7))
+    assert {i.level for i in a} == set(TRAIN_LEVELS)
+    assert {i.level for i in held} == set(ALL_LEVELS)
+    assert not any(held_out(i.question) for i in a)
+    assert not {i.question for i in a} & {i.question for i in held}
+    assert {i.family for i in held} == set(FAMILIES)
+    # harder: level 4 conversations are longer than any level-1 one
+    longest_l1 = max(len("".join(chat_text(i))) for i in held if i.level == 1)
+    assert sum(len("".join(chat_text(i))) > longest_l1 for i in held if i.level == 4) > 20
+
+
+def test_conversations_use_chatml_with_thinking():
+    it = next(iter(items("train", 1, 0)))
+    prompt, completion = chat_text(it)
+    assert prompt == f"<|im_start|>user\n{it.question}<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    assert completion == f"{it.trace}</think>{it.answer}<|im_end|>"
+
+
+def test_unknown_split_or_family_is_a_clear_error():
+    with pytest.raises(ValueError, match="split"):
+        next(items("test", 1, 0))
+    with pytest.raises(ValueError, match="multiplication"):
+        next(items("train", 1, 0, families=("multiplication",)))
