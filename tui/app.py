@@ -23,7 +23,8 @@ class ElasticChat(App):
 
     CSS_PATH = "chat.tcss"
     TITLE = "elastic-chat"
-    BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True)]
+    BINDINGS = [Binding("ctrl+q", "quit", "Quit", show=False, priority=True)]
+    ENABLE_COMMAND_PALETTE = False  # every action has a key (F1 lists them); the footer needs the room
 
     def __init__(self, options: Options | None = None, model: ElasticModel | None = None,
                  store: Store | None = None, precision: str = "", **session_options):

@@ -72,6 +72,8 @@ class Reply:
     @property
     def tokens(self) -> int:
         """Tokens in the context: the prompt and everything generated so far."""
+        if self.stats is not None:
+            return self.prompt_tokens + self.stats["think_tokens"] + self.stats["answer_tokens"]
         return self.prompt_tokens + self.rates["think"].tokens + self.rates["answer"].tokens
 
     def apply(self, ev: Event) -> None:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from conftest import make_app, wait_until
 from elastic_local.tui.store import Store
 from elastic_local.tui.widgets.message import AssistantMessage, SwitchMark
 from elastic_local.tui.widgets.prompt import PromptInput
 from textual.widgets import Collapsible, Markdown
+from tui_util import make_app, wait_until
 
 pytestmark = pytest.mark.anyio
 

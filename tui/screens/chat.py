@@ -25,7 +25,7 @@ from elastic_local.engine.events import Event
 
 from ..commands import Command, CommandError, parse
 from ..export import export
-from ..reply import pump
+from ..reply import Reply, pump
 from ..session import ChatSession, Turn
 from ..store import Store
 from ..widgets.conversation import ConversationView
@@ -47,14 +47,14 @@ class ReplyEvents(Message):
 
 class ChatScreen(Screen):
     BINDINGS = [
-        Binding("escape", "cancel", "Stop"),
-        Binding("f2", "cycle('think')", "Think budget"),
-        Binding("f3", "cycle('answer')", "Answer budget"),
-        Binding("f4", "toggle_thinking", "Think on/off"),
-        Binding("f5", "new", "New"),
-        Binding("f6", "export", "Export"),
-        Binding("f7", "chats", "Chats"),
-        Binding("f1", "help", "Help"),
+        Binding("escape", "cancel", "Stop", tooltip="stop the reply before its next token; the prompt comes back"),
+        Binding("f2", "cycle('think')", "Think", tooltip="next think budget (smaller, wrapping), live mid-reply"),
+        Binding("f3", "cycle('answer')", "Answer", tooltip="next answer budget (smaller, wrapping), live mid-reply"),
+        Binding("f4", "toggle_thinking", "Thinking", tooltip="thinking on/off for the next message"),
+        Binding("ctrl+n", "new", "New", tooltip="a new conversation"),
+        Binding("ctrl+s", "export", "Export", tooltip="this conversation as Markdown and JSON (data dir/exports)"),
+        Binding("ctrl+l", "chats", "Chats", tooltip="to the conversation list and back"),
+        Binding("f1", "help", "Help", tooltip="this help"),
     ]
 
     def __init__(self, session: ChatSession, store: Store, context: int = 0):
@@ -62,6 +62,7 @@ class ChatScreen(Screen):
         self.session, self.store, self.context = session, store, context
         self.conversation_id: int | None = None
         self.turn: Turn | None = None
+        self.reply: Reply | None = None  # the reply the status bar is about: the streaming or the last one
 
     def compose(self) -> ComposeResult:
         with Horizontal():
@@ -81,8 +82,8 @@ class ChatScreen(Screen):
 
     def refresh_status(self) -> None:
         s = self.session
-        reply = self.turn.reply if self.turn is not None else None
-        self.query_one(StatusBar).show(s.budgets, s.thinking, s.max_think_tokens, s.precision, reply, self.context)
+        self.query_one(StatusBar).show(s.budgets, s.thinking, s.max_think_tokens, s.precision, self.reply,
+                                       self.context)
 
     async def refresh_sidebar(self) -> None:
         sidebar = self.query_one(Sidebar)
@@ -90,7 +91,10 @@ class ChatScreen(Screen):
 
     async def open(self, conversation_id: int) -> None:
         self.conversation_id, self.turn = conversation_id, None
-        await self.query_one(ConversationView).show(self.store.conversation(conversation_id))
+        view = self.query_one(ConversationView)
+        await view.show(self.store.conversation(conversation_id))
+        replies = view.query(AssistantMessage)
+        self.reply = replies.last().reply if replies else None
         await self.refresh_sidebar()
         self.refresh_status()
 
@@ -118,6 +122,7 @@ class ChatScreen(Screen):
             self.query_one(PromptInput).restore(text)
             return
         self.turn = self.session.start(self.conversation_id, text)
+        self.reply = self.turn.reply
         message = await self.query_one(ConversationView).add_turn(text, self.turn.reply)
         self.generate(self.turn, message)
         await self.refresh_sidebar()

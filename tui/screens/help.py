@@ -18,7 +18,7 @@ def key_lines(bindings: list[Binding | tuple]) -> list[str]:
         keys = " / ".join(k.strip() for k in b.key.split(","))
         if b.description and keys not in seen:
             seen.add(keys)
-            out.append(f"  {keys:<18} {b.description}")
+            out.append(f"  {keys:<20} {b.tooltip or b.description}")
     return out
 
 
@@ -30,7 +30,7 @@ class HelpScreen(ModalScreen):
         self.bindings = bindings
 
     def compose(self) -> ComposeResult:
-        text = "\n".join(["Keys", *key_lines(self.bindings), "", "Sidebar (F7 or Tab to reach it): Enter opens",
+        text = "\n".join(["Keys", *key_lines(self.bindings), "", "Sidebar (Ctrl+L or Tab to reach it): Enter opens",
                           "", "Commands", *(f"  {line}" for line in HELP), "", "Esc closes this help."])
         with VerticalScroll(id="help"):
             yield Static(text, markup=False)

@@ -1,4 +1,4 @@
-"""The multi-line input: Enter sends, Shift+Enter or Ctrl+N starts a new line (pasting keeps newlines).
+"""The multi-line input: Enter sends, Shift+Enter or Ctrl+J starts a new line (pasting keeps newlines).
 
 Enter is handled in the widget's own key handler, not by a priority binding: a priority binding runs
 when the key reaches the app, before the keys typed just ahead of it have reached the text, so typing
@@ -13,7 +13,7 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import TextArea
 
-KEYS = [Binding("enter", "submit", "Send"), Binding("shift+enter,ctrl+n", "newline", "New line")]  # for help
+KEYS = [Binding("enter", "submit", "Send"), Binding("shift+enter,ctrl+j", "newline", "New line in the message")]
 
 
 class PromptInput(TextArea):
@@ -27,7 +27,7 @@ class PromptInput(TextArea):
     async def on_key(self, event: events.Key) -> None:
         if event.key == "enter":
             self.action_submit()
-        elif event.key in ("shift+enter", "ctrl+n"):
+        elif event.key in ("shift+enter", "ctrl+j"):
             self.insert("\n")
         else:
             return

@@ -26,16 +26,18 @@ def rate(r: Reply | None, phase: str) -> str:
     if per_s is None and r is not None and r.stats:
         n, s = r.stats[f"{phase}_tokens"], r.stats[f"{phase}_s"]
         per_s = n / s if s > 0 and n else None
-    return "-" if per_s is None else f"{per_s:.1f}"
+    return "-" if per_s is None else f"{per_s:.3g}"
 
 
 class StatusBar(Static):
+    """One line; rates are tokens per second of each phase (live while a reply streams)."""
+
     def show(self, budgets: dict[str, str], thinking: bool, think_tokens: int | None, precision: str,
              reply: Reply | None, context: int) -> None:
         used, total = memory()
         limit = f"≤{think_tokens}" if think_tokens is not None else ""
-        think = f"think {budgets['think']}{limit} {rate(reply, 'think')} tok/s" if thinking else "think off"
+        think = f"think {budgets['think']}{limit} {rate(reply, 'think')}/s" if thinking else "think off"
         ctx = reply.tokens if reply is not None else 0
-        parts = [think, f"answer {budgets['answer']} {rate(reply, 'answer')} tok/s", precision or "?",
-                 f"ctx {ctx}/{context}" if context else f"ctx {ctx}", f"{used / GIB:.1f}/{total / GIB:.0f} GiB"]
+        parts = [think, f"answer {budgets['answer']} {rate(reply, 'answer')}/s", precision or "?",
+                 f"ctx {ctx}/{context}" if context else f"ctx {ctx}", f"mem {used / GIB:.1f}/{total / GIB:.0f} GiB"]
         self.update(" · ".join(parts))
