@@ -278,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("paths", help="print where config, data and user profiles live")
     p.set_defaults(func=cmd_paths)
 
+    from .batch.cli import register as register_batch
+
+    register_batch(sub)
+
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -32,6 +32,7 @@ from .events import Result
 from .generate import Generation
 from .phases import Request
 from .stream import Stream
+from .tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from .elastic_model import ElasticModel
@@ -94,6 +95,12 @@ class ChatTemplate:
 def context_messages(messages: list[dict]) -> list[dict]:
     """Messages as the template sees them: an assistant turn is its answer alone (no reasoning)."""
     return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def render_prompt(tokenizer: Tokenizer, messages: list[dict], think: bool = True) -> list[int]:
+    """Token ids of `messages` in the tokenizer's chat template, with the assistant's turn opened."""
+    template = ChatTemplate(tokenizer.chat_template, tokenizer.bos_token, tokenizer.eos_token)
+    return tokenizer.encode(template.render(context_messages(messages), True, think))
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -41,6 +41,10 @@ class ElasticModel:
         return self.net.device
 
     @property
+    def dtype(self) -> torch.dtype:
+        return self.net.dtype
+
+    @property
     def budgets(self) -> list[str]:
         """Budget names that run on the resident weights, largest first."""
         return list(self._budgets)
@@ -114,16 +118,14 @@ class ElasticModel:
 
     def chat_prompt(self, text: str | list[dict], think: bool = True, system: str | None = None) -> list[int]:
         """Token ids of one user message (or a list of messages) with the assistant's turn opened."""
-        from .chat import ChatTemplate, context_messages
+        from .chat import render_prompt
 
         if self.tokenizer is None:
             raise ValueError("this checkpoint has no tokenizer.json; pass token ids instead")
         messages = [{"role": "user", "content": text}] if isinstance(text, str) else list(text)
         if system:
             messages = [{"role": "system", "content": system}] + messages
-        tok = self.tokenizer
-        template = ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token)
-        return tok.encode(template.render(context_messages(messages), True, think))
+        return render_prompt(self.tokenizer, messages, think)
 
 
 def _prompts(p) -> tuple[list[list[int]], bool]:

@@ -107,7 +107,7 @@ class Generation:
         self.rows[index], self.options[index] = row, opts
         self._pending += self._tokens(row, row.start(), opts.budget_of["think"])
         if not row.finished:
-            self.states.join(1, opts.req.capacity(row.prompt_len))
+            self.states.join(1, row.capacity)
             self.active.append(index)
         return index
 
@@ -198,7 +198,7 @@ class Generation:
 
     def _capacity(self) -> int:
         """Tokens the longest active row can reach, so KV caches are allocated once (0: a limit is open)."""
-        caps = [self.options[i].req.capacity(self.rows[i].prompt_len) for i in self.active]
+        caps = [self.rows[i].capacity for i in self.active]
         return 0 if not caps or 0 in caps else max(caps)
 
     def _drop_finished(self) -> None:

@@ -23,7 +23,6 @@ PHASES = ("think", "answer")
 # Qwen's budget-control examples use; "" appends `</think>` alone).
 THINK_CLOSE = ("\n\nConsidering the limited time by the user, I have to give the solution based on the thinking "
                "directly now.\n")
-CLOSE_SLACK = 64  # tokens a row may need beyond its limits: the inserted think-closing text and `</think>`
 
 
 @dataclass(frozen=True)
@@ -65,12 +64,6 @@ class Request:
     @property
     def sampling(self) -> Sampling:
         return Sampling(self.temperature, self.top_k, self.top_p, self.min_p, self.seed)
-
-    def capacity(self, prompt_len: int) -> int:
-        """Tokens a row of this request can reach (0 when a limit is open: its KV caches grow)."""
-        if self.max_think_tokens is None or self.max_answer_tokens is None:
-            return 0
-        return prompt_len + self.max_think_tokens + self.max_answer_tokens + CLOSE_SLACK
 
 
 def start_phase(prompt: list[int], sp: Specials) -> str:
@@ -127,6 +120,7 @@ class Row:
         self.ids = list(prompt)
         self.prompt_len = len(self.ids)
         self.phase = start_phase(self.ids, rules.specials)
+        self.capacity = self._capacity()
         self.think_len = 0  # tokens appended while thinking (forced ones included)
         self.generated = {"think": 0, "answer": 0}  # sampled only
         self.text = {"think": "", "answer": ""}
@@ -138,6 +132,14 @@ class Row:
         # filled by the generation loop, not read here: timing, and whether the prompt has been run
         self.stats = Stats(prompt_tokens=len(self.ids))
         self.prefilled = False
+
+    def _capacity(self) -> int:
+        """Tokens the row can reach, so caches are sized once (0 when a limit is open: they grow)."""
+        r = self.rules
+        thinking = self.phase == "think"
+        if r.max_answer is None or (thinking and r.max_think is None):
+            return 0
+        return len(self.ids) + (r.max_think + len(r.close_ids) if thinking else 0) + r.max_answer
 
     @property
     def finished(self) -> bool:
