@@ -18,7 +18,7 @@ from tui_util import make_app  # noqa: E402
 
 
 async def main(model_dir: str) -> None:
-    app = make_app(elastic_model(Path(model_dir), seed=3), max_think_tokens=100000)
+    app = make_app(elastic_model(Path(model_dir), seed=3), max_think_tokens=100000, ignore_eos=True)
     async with app.run_test(size=(80, 24)) as pilot:
         prompt = app.screen.query_one(PromptInput)
         prompt.text = "think until you are killed"
@@ -30,6 +30,8 @@ async def main(model_dir: str) -> None:
             if len(text) > 20:
                 print(json.dumps({"shown": text}), flush=True)
                 await asyncio.sleep(3600)
+            if app.session.turn is not None and app.session.turn.reply.status != "streaming":
+                raise SystemExit(f"the reply ended ({app.session.turn.reply.status}) before it was killed")
 
 
 if __name__ == "__main__":
