@@ -76,8 +76,10 @@ def test_unseen_budget_is_added_between_its_neighbours(trained, tmp_path, capsys
     assert main(["budget", str(d), "0.65", "--name", "mid"]) == 0
     cfg = NemotronHConfig.from_dir(d)
     table = read_budgets(cfg)
-    assert list(table) == ["full", "big", "mid", "small"]
+    assert set(table) == {"full", "big", "mid", "small"}
     assert table["small"].fits_in(table["mid"]) and table["mid"].fits_in(table["big"])
+    params = {n: count_params(cfg, b)[0] for n, b in table.items()}
+    assert params["small"] <= params["mid"] <= params["big"]
     assert elastic_local.load(d).logits(IDS, budget="mid").isfinite().all()
     assert main(["budget", str(d), "0.95"]) == 2  # outside what the router was trained on
     assert "outside the trained range" in capsys.readouterr().err
