@@ -282,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     from .batch.cli import register as register_batch
 
     register_batch(sub)
+    from .train.cli import register as register_train
+
+    register_train(sub)
 
     from .evaluate.cli import register as register_eval
 
