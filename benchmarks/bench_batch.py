@@ -2,9 +2,10 @@
 against the fit planner's figure.
 
     .venv/bin/python benchmarks/bench_batch.py [--model demo|random] [--requests 16] [--batches 4,8,16]
+        [--mixes short,mixed,long] [--reps 3] [--threads N] [--skip-memory]
 
 The model: the embedded demo model (`elastic_local.load()`) when it is installed, else (or with
-`--model random`) bench_generate.py's ~125M-parameter random nested model (budgets full / mid / small,
+`--model random`) bench_generate.py's 136M-parameter random nested model (budgets full / mid / small,
 `</think>` pinned so thinking always ends at the think budget). Float32, as the CLI loads on a CPU.
 
 1. throughput: `--requests` requests per mix of prompt lengths — short (16..48 tokens), mixed (16..384),
@@ -105,7 +106,7 @@ def batched(m, jobs, max_batch: int) -> tuple[float, dict]:
 def bench_throughput(m, args) -> dict:
     report = {}
     batched(m, jobs_for(m, "short", 2, True), 2)  # warm-up
-    for mix in MIXES:
+    for mix in args.mixes:
         for budgets in ("largest", "cycled"):
             jobs = jobs_for(m, mix, args.requests, budgets == "cycled")
             times: dict[str, list[float]] = {"alone": [], **{str(b): [] for b in args.batches}}
@@ -190,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", choices=["auto", "demo", "random"], default="auto")
     ap.add_argument("--requests", type=int, default=16, help="requests per mix (default 16)")
     ap.add_argument("--batches", default="4,8,16", help="max batch sizes (default 4,8,16)")
+    ap.add_argument("--mixes", default=",".join(MIXES), help=f"prompt-length mixes (default {','.join(MIXES)})")
     ap.add_argument("--reps", type=int, default=3, help="interleaved runs of each, medians (default 3)")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     ap.add_argument("--skip-memory", action="store_true")
@@ -202,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(memory_case(path, int(n), int(b))))
         return 0
     args.batches = [int(b) for b in args.batches.split(",")]
+    args.mixes = args.mixes.split(",")
     path = model_path(args.model)
     m = load(path, torch.float32)
     print(f"model: {m.path} budgets {m.budgets}, {torch.get_num_threads()} threads", file=sys.stderr)

@@ -58,11 +58,12 @@ def generate_run(path: Path, args) -> dict:
 
 
 async def wait_until(pilot, predicate, timeout: float = 600) -> None:
+    """Poll sparingly: a Pilot pause runs the app's whole message loop, which would cost the reply time."""
     end = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > end:
             raise TimeoutError("the reply did not finish")
-        await pilot.pause(0.01)
+        await pilot.pause(0.2)
 
 
 async def app_run(model, args, screenshot: Path | None = None) -> tuple[dict, float]:
@@ -80,7 +81,7 @@ async def app_run(model, args, screenshot: Path | None = None) -> tuple[dict, fl
         if screenshot is not None:
             await wait_until(pilot, lambda: reply.rates["answer"].tokens >= 8 or reply.status != "streaming")
             await pilot.press("f3")
-        await wait_until(pilot, lambda: reply.status != "streaming")
+        await app.workers.wait_for_complete()
         await pilot.pause()
         seconds = time.perf_counter() - t0
         if screenshot is not None:
