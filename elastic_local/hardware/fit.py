@@ -32,10 +32,11 @@ import json
 from pathlib import Path
 
 from ..checkpoint.files import CheckpointError, TensorInfo
-from ..checkpoint.load import checkpoint_tensors, expected_shapes, stored_budget
+from ..checkpoint.load import checkpoint_tensors
 from ..elastic.table import read_budgets
 from ..model.budget import Budget
 from ..model.config import NemotronHConfig
+from ..model.schema import expected_shapes, stored_budget
 from ..quant.scheme import is_quantized, module_of, read_quant_config, weight_bytes
 from .planner import PRECISIONS, ArchShape, Plan, WeightOption, Workload, plan
 from .probe import probe_machine
@@ -84,11 +85,6 @@ def arch_shape(cfg: NemotronHConfig, b: Budget) -> ArchShape:
         moe_intermediate=most("E", "expert_channels"), shared_intermediate=most("E", "shared_channels"),
         mlp_intermediate=most("-", "mlp_channels"),
     )
-
-
-def budgets_of(cfg: NemotronHConfig, where: str = "config.json") -> dict[str, Budget]:
-    """The budgets a directory holds, largest first (as `elastic_local.load` reads them)."""
-    return read_budgets(cfg, where=where) if cfg.raw.get("elastic") else {"full": stored_budget(cfg)}
 
 
 def weight_tensors(path: Path) -> dict[str, TensorInfo] | None:
@@ -164,7 +160,7 @@ def plan_checkpoint(path: str | Path, profile: Profile, context: int = 32768, ca
     load-time quantization keeps in BF16 (none by default)."""
     path = Path(path)
     cfg = NemotronHConfig.from_dir(path)
-    budgets = budgets_of(cfg, where=str(path / "config.json"))
+    budgets = read_budgets(cfg, where=str(path / "config.json"))
     shapes = {name: arch_shape(cfg, b) for name, b in budgets.items()}
     available = offers(path, cfg)
     options = []

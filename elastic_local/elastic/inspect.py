@@ -7,23 +7,21 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoint.files import CheckpointError, index_tensors
 from ..model import kernels
 from ..model.budget import count_params
 from ..model.config import BLOCK_KINDS, NemotronHConfig
-from .files import DTYPE_BYTES, CheckpointError, index_tensors
+from ..model.schema import DTYPE_BYTES, stored_budget
+from ..quant.scheme import PRECISIONS, read_quant_config, weight_bytes
+from .table import budget_entry, read_budgets
 
 
 def describe(path: str | Path) -> dict:
-    from ..elastic.table import budget_entry, read_budgets
-    from ..quant.scheme import PRECISIONS, read_quant_config, weight_bytes
-    from .load import stored_budget
-
     path = Path(path)
     cfg = NemotronHConfig.from_dir(path)
-    full = stored_budget(cfg)
-    total, active = count_params(cfg, full)
+    total, active = count_params(cfg, stored_budget(cfg))
     precision, kept = read_quant_config(path)
-    budgets = read_budgets(cfg, where=str(path / "config.json")) if cfg.raw.get("elastic") else {"full": full}
+    budgets = read_budgets(cfg, where=str(path / "config.json"))
     out: dict = {
         "path": str(path),
         "config": {k: cfg.raw.get(k) for k in ("vocab_size", "hidden_size", "num_attention_heads",
