@@ -291,3 +291,29 @@ def test_stream_errors_reach_the_consumer_and_dropped_streams_cancel(m):
     assert gen._cancel.is_set()
     worker.join()  # it stops at the next token
     assert gen.rows[0].finish_reason == "cancelled"
+
+
+def test_rows_join_a_running_generation_and_match_their_runs_alone(m):
+    """Continuous batching: rows added between steps, each with its own budgets, limits and seeded
+    sampling, get exactly the tokens they get alone; a finished row is handed out once and leaves
+    every cache."""
+    opts = dict(max_think_tokens=4, max_answer_tokens=3, ignore_eos=True, think_close=CLOSE)
+    prompts = [m.chat_prompt("first"), m.chat_prompt("a second, longer one"), m.chat_prompt("third", think=False)]
+    reqs = [Request(**opts), Request(think_budget="small", **{**opts, "max_answer_tokens": 7}),
+            Request(answer_budget="small", temperature=1.0, seed=5, **opts)]
+    gen = Generation(m, prompts[:1], reqs[0])
+    gen.step()
+    assert gen.add(prompts[1], reqs[1]) == 1
+    gen.step()
+    assert gen.add(prompts[2], reqs[2]) == 2
+    finished: dict[int, object] = {}
+    while gen.active:
+        gen.step()
+        for i, r in gen.take_finished():
+            assert i not in finished
+            finished[i] = r
+        assert all(c.batch_size == len(gen.active) for c in gen.caches.values())
+    assert sorted(finished) == [0, 1, 2] and gen.take_finished() == [] and not gen.rows
+    for i, (p, req) in enumerate(zip(prompts, reqs)):
+        assert finished[i].ids == Generation(m, [p], req).collect()[0].ids
+    assert finished[1].stats.think_budgets == ["small"] and finished[2].stats.answer_budgets == ["small"]

@@ -1,1 +1,14 @@
-"""Offline batch prompt files (OpenAI batch JSONL or plain prompts) with continuous batching."""
+"""Offline batch files: OpenAI batch JSONL (or one prompt per line) in, OpenAI batch output out.
+
+    requests.py   IN's lines -> Job (prompt ids + engine Request) | LineError      (no model needed)
+    scheduler.py  continuous batching over one Generation, bounded by memory    -> (job, Result)
+    records.py    (job, Result) | LineError -> an output line in OpenAI's format
+    outfile.py    append-only, locked, torn-line repair, the ids already written (resume)
+    progress.py   the progress line and the summary
+    cli.py        `elastic-local batch IN OUT [DIR]`
+"""
+
+from .requests import Checker, Defaults, Job, LineError, check_unique, parse, read_lines
+from .scheduler import Memory, run_jobs
+
+__all__ = ["Checker", "Defaults", "Job", "LineError", "Memory", "check_unique", "parse", "read_lines", "run_jobs"]

@@ -146,6 +146,3 @@ class Session:
         """The live cache at the end of a generation (replaces the budget's previous live cache)."""
         states = [s for s in self.saved.get(budget, []) if s.frozen]
         self.saved[budget] = states + [Saved(list(ids), cache, False)]
-
-    def clear(self) -> None:
-        self.saved.clear()

@@ -29,7 +29,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .caches import Session
 from .events import Result
-from .generate import Generation, Request, Stream
+from .generate import Generation
+from .phases import Request
+from .stream import Stream
+from .tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from .elastic_model import ElasticModel
@@ -75,7 +78,6 @@ class ChatTemplate:
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         self.source = source or FALLBACK_TEMPLATE
-        self.is_fallback = source is None
         self.template = env.from_string(self.source)
         self.bos_token, self.eos_token = bos_token or "", eos_token or ""
 
@@ -93,6 +95,12 @@ class ChatTemplate:
 def context_messages(messages: list[dict]) -> list[dict]:
     """Messages as the template sees them: an assistant turn is its answer alone (no reasoning)."""
     return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def render_prompt(tokenizer: Tokenizer, messages: list[dict], think: bool = True) -> list[int]:
+    """Token ids of `messages` in the tokenizer's chat template, with the assistant's turn opened."""
+    template = ChatTemplate(tokenizer.chat_template, tokenizer.bos_token, tokenizer.eos_token)
+    return tokenizer.encode(template.render(context_messages(messages), True, think))
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

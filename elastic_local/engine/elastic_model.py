@@ -14,7 +14,9 @@ from ..model.budget import Budget
 from ..model.config import NemotronHConfig
 from ..model.nemotron_h import HybridCache, NemotronH
 from .events import Result
-from .generate import Generation, Request, Specials, Stream
+from .generate import Generation
+from .phases import Request, Specials
+from .stream import Stream
 from .tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -33,6 +35,14 @@ class ElasticModel:
     @property
     def config(self) -> NemotronHConfig:
         return self.net.cfg
+
+    @property
+    def device(self) -> torch.device:
+        return self.net.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.net.dtype
 
     @property
     def budgets(self) -> list[str]:
@@ -63,7 +73,7 @@ class ElasticModel:
 
     # ------------------------------------------------------------------------------------------ generation
     # The prompt ends where thinking starts (after `<think>`; after `</think>` for thinking off). Options
-    # are generate.Request's fields: think_budget, answer_budget, max_think_tokens, max_answer_tokens,
+    # are phases.Request's fields: think_budget, answer_budget, max_think_tokens, max_answer_tokens,
     # temperature, top_k, top_p, min_p, seed, stop, stop_ids, ignore_eos, think_close, transplant.
 
     @property
@@ -108,16 +118,14 @@ class ElasticModel:
 
     def chat_prompt(self, text: str | list[dict], think: bool = True, system: str | None = None) -> list[int]:
         """Token ids of one user message (or a list of messages) with the assistant's turn opened."""
-        from .chat import ChatTemplate, context_messages
+        from .chat import render_prompt
 
         if self.tokenizer is None:
             raise ValueError("this checkpoint has no tokenizer.json; pass token ids instead")
         messages = [{"role": "user", "content": text}] if isinstance(text, str) else list(text)
         if system:
             messages = [{"role": "system", "content": system}] + messages
-        tok = self.tokenizer
-        template = ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token)
-        return tok.encode(template.render(context_messages(messages), True, think))
+        return render_prompt(self.tokenizer, messages, think)
 
 
 def _prompts(p) -> tuple[list[list[int]], bool]:

@@ -1,0 +1,98 @@
+"""Continuous batching: one running Generation that requests join and leave at every step.
+
+    waiting: [j5 j6 j7 ...]  --join while the batch has room-->  running: rows decode together per budget
+                                                              <--leave when finished-- -> (job, result)
+
+A request joins when the batch has fewer than `max_batch` rows and the caches, with it, stay within the
+memory the fit planner leaves for them (Memory). It joins by a prefill of its prompt alone, then decodes
+with the others; rows on different budgets decode as separate sub-batches of the same step. Each row
+keeps its own Request (budgets, limits, sampling, stops), so a row's tokens are those it gets alone.
+
+Cache memory is rectangular: every budget taking part keeps a cache of every running row, sized for the
+longest row's capacity (prompt + think and answer limits + closing text), and it only shrinks when the
+batch empties. That is what Memory.bytes counts.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ..engine import ElasticModel
+from ..engine.events import Result
+from ..engine.generate import Generation
+from ..engine.phases import Request
+from .requests import Job, LineError
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What a batch's caches may occupy (`room`, bytes; None: no bound) and what a row costs in them."""
+
+    room: int | None
+    kv_token: dict[str, int]  # budget -> bytes of one cached token of one row (every attention layer)
+    state: dict[str, int]  # budget -> bytes of one row's Mamba conv + SSM state
+
+    @classmethod
+    def of(cls, model: ElasticModel, room: int | None) -> Memory:
+        """Per-row costs measured on the model's own caches (its dtype, its layers)."""
+        state = {b: model.new_cache(1, b).nbytes() for b in model.budgets}
+        kv = {b: model.new_cache(1, b, capacity=1).nbytes() - state[b] for b in model.budgets}
+        return cls(room, kv, state)
+
+    def bytes(self, rows: int, capacity: int, budgets: set[str]) -> int:
+        """Caches of `rows` rows sized for `capacity` tokens, one cache per budget."""
+        return rows * sum(capacity * self.kv_token[b] + self.state[b] for b in budgets)
+
+
+def cache_room(model: ElasticModel, device: str = "cpu") -> int:
+    """Bytes a batch's caches may fill: the memory free now, as the fit planner probes it (the weights are
+    already resident), less the planner's safety margin and the workspace of one prefill chunk."""
+    from ..hardware.fit import PREFILL_CHUNK, arch_shape, live_profile
+    from ..hardware.planner import default_margin
+
+    free = live_profile(device).available_bytes
+    work = arch_shape(model.config, model.budget()).workspace_bytes(PREFILL_CHUNK, 1, model.dtype.itemsize)
+    return free - default_margin(free) - work
+
+
+def run_jobs(model: ElasticModel, jobs: list[Job], max_batch: int = 32,
+             memory: Memory | None = None) -> Iterator[tuple[Job, Result | LineError]]:
+    """Run every job with continuous batching; yields (job, Result) as each finishes, or (job, LineError)
+    for one that does not fit in memory even alone."""
+    if max_batch < 1:
+        raise ValueError(f"max_batch={max_batch} must be >= 1")
+    gen = Generation(model, [], Request())
+    waiting = deque(jobs)
+    running: dict[int, Job] = {}
+    capacity = 0  # what the caches are sized for while the batch runs
+    largest = model.budgets[0]
+
+    def budgets(job: Job) -> set[str]:
+        return {job.request.think_budget or largest, job.request.answer_budget or largest}
+
+    while waiting or gen.rows:
+        while waiting and len(gen.active) < max_batch:
+            job = waiting[0]
+            if memory is not None and memory.room is not None:
+                cap = max(capacity, job.capacity)
+                use = set().union(budgets(job), *map(budgets, running.values()))
+                need = memory.bytes(len(gen.active) + 1, cap, use)
+                if need > memory.room and gen.active:
+                    break  # it joins when rows leave
+                if need > memory.room:
+                    waiting.popleft()
+                    yield job, LineError(job.line, job.custom_id, "out_of_memory",
+                                         f"line {job.line}: its caches need {need / 2**20:.0f} MiB, more than the "
+                                         f"{memory.room / 2**20:.0f} MiB this machine has free for them; lower "
+                                         "max_tokens / max_think_tokens")
+                    continue
+                capacity = cap
+            waiting.popleft()
+            running[gen.add(job.prompt, job.request)] = job
+        gen.step()
+        for i, result in gen.take_finished():
+            yield running.pop(i), result
+        if not gen.active:
+            capacity = 0  # the caches were freed with the last row

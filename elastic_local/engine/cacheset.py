@@ -1,0 +1,180 @@
+"""The caches of one generation: one HybridCache per budget taking part, each holding the active rows in
+the same order, and the moves that keep them exact.
+
+Each cache knows how many tokens of each row it has consumed. To give next-token logits a budget first
+*catches up*: it runs every token of the row it has not seen in one chunked prefill and keeps the last
+position's logits. While decoding the gap is the one token just sampled; when a budget takes over — the
+row's phase changed, or a live switch asked for another budget — the gap is everything since it last
+ran (for a fresh budget or a row that just joined: the whole prompt). Catch-up is exact: the logits are
+those of the budget run from scratch on the sequence, at the cost of one prefill of the gap; rows
+catching up run alone (they sit at different positions), rows one token behind decode together.
+`transplant` trades exactness for speed (caches.py explains how states are reused).
+
+Rows join (zeroed states, sized for their capacity) and leave (dropped from every cache) between steps,
+which is what continuous batching needs. Everything goes through ElasticModel's API.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from ..model.attention import KVCache
+from ..model.nemotron_h import HybridCache
+from .caches import Session, put_rows, take_rows, transplant
+
+if TYPE_CHECKING:
+    from .elastic_model import ElasticModel
+
+
+@dataclass(frozen=True)
+class Caught:
+    """A row's budget consumed several tokens at once: how many, whether it started from another budget's
+    states, and when it ended (time.perf_counter)."""
+
+    tokens: int
+    transplanted: bool
+    end: float
+
+
+class CacheSet:
+    def __init__(self, model: ElasticModel, session: Session | None = None, mark: int | None = None):
+        self.model = model
+        self.caches: dict[str, HybridCache] = {}
+        self.rows = 0  # rows every cache holds
+        self.session, self.mark = session, mark  # mark: where each budget's cache is snapshotted (chat)
+
+    # ------------------------------------------------------------------------------------------ rows
+
+    def join(self, n: int, capacity: int) -> None:
+        """Append `n` rows with zeroed states to every cache; `capacity` (0: unknown) sizes KV once."""
+        for name, cache in self.caches.items():
+            grown = HybridCache.stack([cache, self.model.new_cache(n, name)])
+            _reserve(grown, capacity)
+            self.caches[name] = grown
+        self.rows += n
+
+    def keep(self, positions: list[int]) -> None:
+        """Keep only the rows at `positions` (in that order) in every cache."""
+        self.caches = {name: take_rows(c, positions) for name, c in self.caches.items()}
+        self.rows = len(positions)
+
+    def retire(self, ids: list[int]) -> None:
+        """Every row is done: a session keeps each live cache with the tokens it consumed (`ids`: the one
+        row's tokens); without one they are freed."""
+        if self.session is not None:
+            for name, cache in self.caches.items():
+                self.session.keep(name, cache, ids[: cache.lengths[0]])
+        self.caches, self.rows = {}, 0
+
+    # ------------------------------------------------------------------------------------------ logits
+
+    def advance(self, budget: str, positions: list[int], seqs: list[list[int]], capacity: int,
+                transplant_ok: list[bool]) -> tuple[torch.Tensor, list[float], list[Caught | None]]:
+        """Next-token logits [n, V] from `budget` of the rows at `positions` (their tokens: `seqs`), the
+        seconds each row's forward took, and a Caught for each row that consumed more than one token.
+        A forward stopped half-way (an error, an interrupt) leaves no usable cache: it is dropped."""
+        try:
+            return self._advance(budget, positions, seqs, capacity, transplant_ok)
+        except BaseException:
+            self.caches.pop(budget, None)
+            raise
+
+    def _advance(self, budget: str, positions: list[int], seqs: list[list[int]], capacity: int,
+                 transplant_ok: list[bool]) -> tuple[torch.Tensor, list[float], list[Caught | None]]:
+        cache = self._cache(budget, seqs[0], capacity)
+        gaps = [len(s) - cache.lengths[p] for s, p in zip(seqs, positions)]
+        assert min(gaps) >= 1, "a cache consumed tokens its row does not have"
+        logits: list[torch.Tensor | None] = [None] * len(positions)
+        seconds = [0.0] * len(positions)
+        caught: list[Caught | None] = [None] * len(positions)
+        catching = [j for j, g in enumerate(gaps) if g > 1]
+        if catching and cache.batch_size > 1:  # size the batch's KV once for every row catching up
+            for s in cache.layers:
+                if isinstance(s, KVCache):
+                    s.grow(max(len(seqs[j]) for j in catching))
+        for j in catching:
+            t = time.perf_counter()
+            logits[j], ran, transplanted = self._catch_up(budget, positions[j], seqs[j], transplant_ok[j])
+            end = time.perf_counter()
+            seconds[j] = end - t
+            caught[j] = Caught(ran, transplanted, end)
+        decoding = [j for j, g in enumerate(gaps) if g == 1]
+        if decoding:
+            t = time.perf_counter()
+            out = self._decode(budget, [positions[j] for j in decoding], [seqs[j][-1] for j in decoding])
+            dt = time.perf_counter() - t
+            for k, j in enumerate(decoding):
+                logits[j], seconds[j] = out[k], dt
+        return torch.stack(logits), seconds, caught
+
+    def _cache(self, budget: str, first: list[int], capacity: int) -> HybridCache:
+        if budget not in self.caches:
+            cache = self.session.take(budget, first) if self.session is not None else None
+            if cache is None:
+                cache = self.model.new_cache(self.rows, budget, capacity)
+            self.caches[budget] = cache
+        return self.caches[budget]
+
+    def _forward(self, ids: list[int] | torch.Tensor, cache: HybridCache) -> torch.Tensor:
+        """Last-position logits [B, V]; advances `cache` (prefilled in chunks by the network)."""
+        if not isinstance(ids, torch.Tensor):
+            ids = torch.tensor([ids], device=self.model.device)
+        return self.model.forward(ids, cache, last_only=True)[:, -1]
+
+    def _decode(self, budget: str, positions: list[int], last: list[int]) -> torch.Tensor:
+        """One token for each row at `positions` (`last`: each row's last token), batched."""
+        cache = self.caches[budget]
+        ids = torch.tensor([[t] for t in last], device=self.model.device)
+        if positions == list(range(cache.batch_size)):
+            return self._forward(ids, cache)
+        sub = take_rows(cache, positions)
+        out = self._forward(ids, sub)
+        put_rows(cache, positions, sub)
+        return out
+
+    def _catch_up(self, budget: str, pos: int, seq: list[int], transplant_ok: bool) -> tuple[torch.Tensor, int, bool]:
+        """Bring `budget`'s cache of one row up to the row's last token in one chunked prefill; returns the
+        logits [V], the tokens run and whether it started from another budget's states."""
+        cache = self.caches[budget]
+        whole = cache.batch_size == 1
+        sub = cache if whole else take_rows(cache, [pos])
+        transplanted = False
+        if transplant_ok and (src := self._transplant_source(budget, pos)) is not None:
+            src = src if src.batch_size == 1 else take_rows(src, [pos])
+            sub = transplant(src, self.model.budget(budget), lambda n, _: self.model.new_cache(n, budget))
+            transplanted = True
+        n, target = sub.lengths[0], len(seq)
+        ran = target - n
+        if self.mark is not None and n < self.mark <= target:  # snapshot where the next turn will diverge
+            out = self._forward(seq[n:self.mark], sub)
+            self.session.snapshot(budget, sub, seq[: self.mark])
+            n = self.mark
+        if n < target:
+            out = self._forward(seq[n:target], sub)
+        if whole:
+            self.caches[budget] = sub
+        else:
+            put_rows(cache, [pos], sub)
+        return out[0], ran, transplanted
+
+    def _transplant_source(self, budget: str, pos: int) -> HybridCache | None:
+        """The other budget's cache that has consumed the most of row `pos` (more than `budget`'s)."""
+        best, n = None, self.caches[budget].lengths[pos]
+        for name, c in self.caches.items():
+            if name != budget and c.lengths[pos] > n:
+                best, n = c, c.lengths[pos]
+        return best
+
+
+def _reserve(cache: HybridCache, capacity: int) -> None:
+    """Pad every KV cache to exactly `capacity` positions (doubling, as growth does, would overshoot the
+    memory a batch was admitted for)."""
+    for s in cache.layers:
+        if isinstance(s, KVCache) and s.k.shape[2] < capacity:
+            pad = (0, 0, 0, capacity - s.k.shape[2])
+            s.k, s.v = F.pad(s.k, pad), F.pad(s.v, pad)

@@ -1,0 +1,217 @@
+"""`elastic-local batch`: OpenAI batch files in and out, continuous batching, resume after a kill.
+
+Independent checks: the output is validated by the `openai` package's own response types, and batched
+results are compared token for token with the same requests run one at a time."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from gen_util import elastic_model
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+from tiny import make_checkpoint, write_tokenizer
+
+from elastic_local.batch import Checker, Memory, check_unique, parse, read_lines, run_jobs
+from elastic_local.batch.outfile import OutputError, OutputFile
+from elastic_local.batch.requests import LineError
+from elastic_local.cli import main
+from elastic_local.engine.generate import Generation
+
+CHAT, COMPLETION = "/v1/chat/completions", "/v1/completions"
+
+
+def request(cid: str, body: dict, url: str = CHAT) -> str:
+    return json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body})
+
+
+def user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("batch") / "ckpt"
+    make_checkpoint(path, seed=4)
+    write_tokenizer(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def m(tmp_path_factory):
+    return elastic_model(tmp_path_factory.mktemp("batchm"), seed=3)
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_every_output_line_parses_with_openai_types_and_bad_lines_get_errors(ckpt, tmp_path, capsys):
+    lines = [
+        request("chat-think", {"model": "m", "messages": user("why is the sky blue"), "max_tokens": 5,
+                               "max_think_tokens": 4, "think_budget": "full"}),
+        request("chat-off", {"messages": [{"role": "system", "content": "be brief"}, *user("hi")], "max_tokens": 6,
+                             "chat_template_kwargs": {"enable_thinking": False}, "stop": ["\n"]}),
+        request("text", {"prompt": "once upon a time", "max_tokens": 7, "temperature": 0.8, "top_p": 0.9,
+                         "seed": 1}, COMPLETION),
+        request("ids", {"prompt": [5, 6, 7, 8], "max_completion_tokens": 3}, COMPLETION),
+        '{"custom_id": "broken", "method": "POST", "url": ',  # 5: bad JSON
+        json.dumps({"method": "POST", "url": CHAT, "body": {"messages": user("x")}}),  # 6: no custom_id
+        request("budget", {"messages": user("x"), "answer_budget": "tiny"}),  # 7: unknown budget
+        request("long", {"messages": user("word " * 300), "max_tokens": 4}),  # 8: longer than the context
+        request("n", {"messages": user("x"), "n": 3}),  # 9: unsupported n
+        request("last", {"messages": user("the last one"), "max_tokens": 4, "max_think_tokens": 2}),
+    ]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    assert main(["batch", str(src), str(out), str(ckpt), "--context", "256", "--max-batch", "2", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["done"] == 5 and summary["errors"] == 5 and summary["requests"] == 10
+    got = {r["custom_id"]: r for r in records(out)}
+    assert len(records(out)) == 10
+    for cid in ("chat-think", "chat-off", "last"):
+        r = got[cid]
+        assert r["error"] is None and r["response"]["status_code"] == 200
+        c = ChatCompletion.model_validate(r["response"]["body"])
+        assert c.object == "chat.completion" and c.choices[0].message.role == "assistant"
+        assert c.usage.completion_tokens == c.usage.total_tokens - c.usage.prompt_tokens
+        thinking = c.choices[0].message.model_extra["reasoning_content"]
+        reasoning = c.usage.completion_tokens_details.reasoning_tokens
+        assert (thinking is None) == (cid == "chat-off") and (reasoning == 0) == (cid == "chat-off")
+    assert ChatCompletion.model_validate(got["chat-think"]["response"]["body"]).model == "m"
+    for cid in ("text", "ids"):
+        c = Completion.model_validate(got[cid]["response"]["body"])
+        assert c.object == "text_completion" and c.choices[0].finish_reason in ("stop", "length")
+    assert Completion.model_validate(got["ids"]["response"]["body"]).usage.prompt_tokens == 4
+    errors = {r["error"]["line"]: r["error"]["code"] for r in records(out) if r["error"] is not None}
+    assert errors == {5: "invalid_json", 6: "missing_custom_id", 7: "unknown_budget", 8: "context_length_exceeded",
+                      9: "unsupported_parameter"}
+    assert all(r["response"] is None and f"line {r['error']['line']}" in r["error"]["message"]
+               for r in records(out) if r["error"] is not None)
+    # a rerun finds everything done and writes nothing
+    assert main(["batch", str(src), str(out), str(ckpt), "--context", "256"]) == 0
+    assert len(records(out)) == 10 and "10 from before" in capsys.readouterr().err
+
+
+def test_continuous_batching_gives_each_request_its_tokens_alone(m):
+    """Requests on different budgets, limits, thinking on and off and seeded sampling join and leave a
+    batch of 3; each result equals the request run alone, token for token."""
+    bodies = [
+        {"messages": user("first question"), "max_tokens": 6, "max_think_tokens": 5},
+        {"messages": user("second, a longer question than the first"), "max_tokens": 3, "think_budget": "small"},
+        {"messages": user("third"), "max_tokens": 8, "chat_template_kwargs": {"enable_thinking": False},
+         "answer_budget": "small"},
+        {"messages": user("fourth"), "max_tokens": 4, "max_think_tokens": 9, "think_budget": "small",
+         "answer_budget": "full"},
+        {"messages": user("fifth one"), "max_tokens": 5, "temperature": 1.0, "seed": 7},
+        {"messages": user("sixth"), "max_tokens": 2, "max_think_tokens": 0},
+        {"messages": user("seventh, the last"), "max_tokens": 7, "answer_budget": "small"},
+    ]
+    lines = [(i + 1, request(f"r{i}", {**b, "max_think_tokens": b.get("max_think_tokens", 3)}))
+             for i, b in enumerate(bodies)]
+    jobs = parse(lines, Checker.for_model(m).job)
+    assert not [j for j in jobs if isinstance(j, LineError)]
+    for j in jobs:
+        j.request.ignore_eos = True
+        j.request.think_close = "ok."
+    batched = {job.custom_id: r for job, r in run_jobs(m, jobs, max_batch=3)}
+    assert len(batched) == len(jobs)
+    for job in jobs:
+        alone = Generation(m, [job.prompt], job.request).collect()[0]
+        assert batched[job.custom_id].ids == alone.ids, job.custom_id
+    assert batched["r1"].stats.think_budgets == ["small"] and batched["r2"].stats.answer_budgets == ["small"]
+
+
+def test_admission_stays_within_the_memory_bound(m, monkeypatch):
+    lines = [(i + 1, request(f"r{i}", {"messages": user(f"question {i}"), "max_tokens": 4, "max_think_tokens": 3}))
+             for i in range(6)]
+    lines.append((7, request("huge", {"messages": user("big"), "max_tokens": 3000, "max_think_tokens": 3})))
+    jobs = parse(lines, Checker.for_model(m).job)
+    probe = Memory.of(m, None)
+    cap = max(j.capacity for j in jobs[:6])
+    room = probe.bytes(2, cap, {"full"})  # two rows of one budget fit, three do not
+    sizes = []
+    step = Generation.step
+
+    def counting(self):
+        sizes.append(len(self.active))
+        return step(self)
+
+    monkeypatch.setattr(Generation, "step", counting)
+    out = dict((job.custom_id, r) for job, r in run_jobs(m, jobs, max_batch=8, memory=Memory.of(m, room)))
+    assert max(sizes) == 2 and len(out) == 7
+    assert isinstance(out["huge"], LineError) and out["huge"].code == "out_of_memory"
+
+
+def test_killed_with_sigkill_and_rerun_gives_every_custom_id_once(ckpt, tmp_path):
+    n = 120
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(request(f"id-{i}", {"messages": user(f"prompt number {i}"), "max_tokens": 12,
+                                                 "max_think_tokens": 12}) + "\n" for i in range(n)))
+    cmd = [sys.executable, "-m", "elastic_local.cli", "batch", str(src), str(out), str(ckpt), "--max-batch", "4"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.exists() and out.read_bytes().count(b"\n") >= 5:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    written = out.read_bytes().count(b"\n")
+    assert 5 <= written < n, "the run was not killed mid-file"
+    with out.open("ab") as f:  # what a write cut short by the kill leaves
+        f.write(b'{"id": "batch_req_0123", "custom_id": "id-')
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    ids = [r["custom_id"] for r in records(out)]
+    assert sorted(ids) == sorted(f"id-{i}" for i in range(n))
+    assert all(r["error"] is None for r in records(out))
+
+
+def test_output_file_repairs_a_torn_line_and_refuses_a_foreign_file(tmp_path):
+    out = tmp_path / "out.jsonl"
+    with OutputFile(out) as f:
+        f.write({"id": "a", "x": 1})
+        with pytest.raises(OutputError, match="another run"):
+            OutputFile(out)
+    out.write_bytes(out.read_bytes() + b'{"id": "b", "x"')
+    with OutputFile(out) as f:
+        assert f.done == {"a"} and f.repaired == len(b'{"id": "b", "x"')
+        f.write({"id": "b"})
+    assert [r["id"] for r in records(out)] == ["a", "b"]
+    (tmp_path / "other.jsonl").write_text("hello\nworld\n")
+    with pytest.raises(OutputError, match="line 1"):
+        OutputFile(tmp_path / "other.jsonl")
+
+
+def test_plain_text_and_prompt_jsonl_forms_and_dry_run(ckpt, tmp_path, capsys):
+    text = tmp_path / "prompts.txt"
+    text.write_text("what is two plus two\n\n{not json, just a prompt}\nname a color\n")
+    items = parse(read_lines(text), Checker.for_checkpoint(ckpt).job)
+    assert [(it.line, it.custom_id) for it in items] == [(1, "line-1"), (3, "line-3"), (4, "line-4")]
+    jsonl = tmp_path / "prompts.jsonl"
+    jsonl.write_text('{"prompt": "hello"}\n{"custom_id": "mine", "prompt": "there", "max_tokens": 2}\n[1, 2]\n')
+    items = parse(read_lines(jsonl), Checker.for_checkpoint(ckpt).job)
+    assert [it.custom_id for it in items] == ["line-1", "mine", None] and isinstance(items[2], LineError)
+    assert items[1].request.max_answer_tokens == 2 and items[0].url == CHAT
+    out = tmp_path / "never.jsonl"
+    assert main(["batch", str(jsonl), str(out), str(ckpt), "--dry-run"]) == 1
+    report = capsys.readouterr().out
+    assert "3 requests, 2 valid" in report and "line 3: expected" in report and not out.exists()
+    assert main(["batch", str(text), str(out), str(ckpt), "--dry-run"]) == 0
+
+
+def test_duplicate_custom_ids_are_named_by_line(ckpt, tmp_path, capsys):
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join([request("a", {"messages": user("1")}), request("b", {"messages": user("2")}),
+                              request("a", {"messages": user("3")})]) + "\n")
+    assert main(["batch", str(src), str(tmp_path / "out.jsonl"), str(ckpt)]) == 2
+    assert "custom_id 'a' is used on lines 1, 3" in capsys.readouterr().err
+    assert check_unique(parse(read_lines(src), Checker.for_checkpoint(ckpt).job))
