@@ -24,11 +24,11 @@ def block(w, r0: int, r1: int, cols: int):
 
 
 @functools.cache
-def _onednn_linear():
-    """oneDNN's linear on CPUs, probed on the first matmul. MKL's matrix-vector product reaches a third of
-    the memory bandwidth on some CPUs (AMD EPYC here: 12 GB/s against oneDNN's 35-75 GB/s), and batch-1
-    decode is nothing but matrix-vector products. oneDNN copies strided views, so those (smaller
-    budgets) stay with MKL.
+def _onednn_linear(dtype: torch.dtype):
+    """oneDNN's linear on CPUs for `dtype`, probed on the first matmul (a CPU without bf16 instructions
+    refuses bf16 primitives). MKL's matrix-vector product reaches a third of the memory bandwidth on
+    some CPUs (AMD EPYC here: 12 GB/s against oneDNN's 35-75 GB/s), and batch-1 decode is nothing but
+    matrix-vector products. oneDNN copies strided views, so those (smaller budgets) stay with MKL.
 
     oneDNN (also torch's CPU convolutions and attention) caches one primitive per input shape, 1024 by
     default; every prefill chunk attends to a longer cache, so that cache grew by tens of MiB per chunk.
@@ -39,7 +39,7 @@ def _onednn_linear():
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
     try:
         op = torch.ops.mkldnn._linear_pointwise
-        probe = torch.ones(2, 16)
+        probe = torch.ones(2, 16, dtype=dtype)
         if not torch.backends.mkldnn.is_available() or not torch.allclose(op(probe, probe, None, "none", [], ""),
                                                                             probe @ probe.T):
             return None
@@ -57,7 +57,7 @@ def linear(x: torch.Tensor, w) -> torch.Tensor:
     if isinstance(w, torch.Tensor):
         if (w.device.type == "cpu" and w.is_contiguous() and x.dtype == w.dtype
                 and w.dtype in (torch.float32, torch.bfloat16) and x.numel() <= ONEDNN_MAX_ROWS * x.shape[-1]
-                and (onednn := _onednn_linear()) is not None):
+                and (onednn := _onednn_linear(w.dtype)) is not None):
             return onednn(x, w, None, "none", [], "")
         return F.linear(x, w)
     return w.linear(x)
