@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 # Modules with a `register(sub)` that adds their subcommands: one line per module.
 COMMAND_MODULES: list[str] = [
     "elastic_local.batch.cli",
+    "elastic_local.train.cli",
 ]
 DTYPES = ("float32", "bfloat16", "float16")
 

@@ -16,11 +16,11 @@ batch empties. That is what Memory.bytes counts.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..engine import ElasticModel
-from ..engine.events import Result
+from ..engine.events import Result, Token
 from ..engine.generate import Generation
 from ..engine.phases import Request
 from .requests import Job, LineError
@@ -49,18 +49,19 @@ class Memory:
 def cache_room(model: ElasticModel, device: str = "cpu") -> int:
     """Bytes a batch's caches may fill: the memory free now, as the fit planner probes it (the weights are
     already resident), less the planner's safety margin and the workspace of one prefill chunk."""
-    from ..hardware.fit import PREFILL_CHUNK, arch_shape, live_profile
+    from ..hardware.fit import live_profile
     from ..hardware.planner import default_margin
+    from ..model.cost import PREFILL_CHUNK, arch_shape
 
     free = live_profile(device).available_bytes
     work = arch_shape(model.config, model.budget()).workspace_bytes(PREFILL_CHUNK, 1, model.dtype.itemsize)
     return free - default_margin(free) - work
 
 
-def run_jobs(model: ElasticModel, jobs: list[Job], max_batch: int = 32,
-             memory: Memory | None = None) -> Iterator[tuple[Job, Result | LineError]]:
+def run_jobs(model: ElasticModel, jobs: list[Job], max_batch: int = 32, memory: Memory | None = None,
+             on_step: Callable[[int], None] | None = None) -> Iterator[tuple[Job, Result | LineError]]:
     """Run every job with continuous batching; yields (job, Result) as each finishes, or (job, LineError)
-    for one that does not fit in memory even alone."""
+    for one that does not fit in memory even alone. `on_step(tokens)` hears of every step."""
     if max_batch < 1:
         raise ValueError(f"max_batch={max_batch} must be >= 1")
     gen = Generation(model, [], Request())
@@ -91,7 +92,9 @@ def run_jobs(model: ElasticModel, jobs: list[Job], max_batch: int = 32,
                 capacity = cap
             waiting.popleft()
             running[gen.add(job.prompt, job.request)] = job
-        gen.step()
+        events = gen.step()
+        if on_step is not None:
+            on_step(sum(isinstance(e, Token) for e in events))
         for i, result in gen.take_finished():
             yield running.pop(i), result
         if not gen.active:
