@@ -145,11 +145,6 @@ def _status() -> dict[str, int]:
 def memory_case(path: str, requests: int, max_batch: int) -> dict:
     """Runs in a fresh process (--memory-case)."""
     from elastic_local.batch import Memory, run_jobs
-    from elastic_local.model import linear
-
-    # oneDNN's linear rejects bf16 inputs on CPUs without native bf16 (this one): model/linear.py probes it
-    # in float32 only, so bf16 runs through MKL here
-    linear._ONEDNN = None
     m = load(None if path == "demo" else Path(path), torch.bfloat16)
     jobs = jobs_for(m, "mixed", requests, True)
     loaded = _status()

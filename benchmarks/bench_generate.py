@@ -129,11 +129,11 @@ def bench_speed(m, args) -> dict:
             st = m.generate(prompt, answer_budget=b, max_answer_tokens=64, ignore_eos=True).stats
             runs[b]["prefill"].append(st.prefill_tokens / st.prefill_s)
             runs[b]["decode"].append(st.answer_tokens / st.answer_s)
-        onednn, linear._ONEDNN = linear._ONEDNN, None  # the kernel choice, forced for every budget
+        onednn, linear._onednn_linear = linear._onednn_linear, lambda dtype: None  # MKL forced for every budget
         for b in m.budgets:
             st = m.generate(prompt, answer_budget=b, max_answer_tokens=64, ignore_eos=True).stats
             runs[b]["decode_mkl"].append(st.answer_tokens / st.answer_s)
-        linear._ONEDNN = onednn
+        linear._onednn_linear = onednn
         raw.append(bare_decode(m, prompt, 64))
     rows = {}
     for b in m.budgets:

@@ -60,7 +60,6 @@ CONFIG = dict(
     tie_word_embeddings=False, mamba_hidden_act="silu", mlp_hidden_act="relu2", bos_token_id=1, eos_token_id=2,
     pad_token_id=0,
 )
-FP32 = ("gate.weight", "e_score_correction_bias", "A_log", ".D", "dt_bias")  # kept fp32, as the runtime does
 
 
 # ------------------------------------------------------------------------------------------ memory readings
@@ -118,6 +117,7 @@ def build(rebuild: bool = False) -> Path:
     from safetensors.torch import load_file, save_file
 
     from elastic_local.elastic.nest import nest
+    from elastic_local.model.schema import keeps_fp32
 
     out = WORK / "nested"
     stamp = WORK / "config.stamp.json"
@@ -132,7 +132,7 @@ def build(rebuild: bool = False) -> Path:
     shutil.copytree(WORK / "f32", out)
     for f in out.glob("model*.safetensors"):
         t = load_file(f)
-        save_file({k: v if k.endswith(FP32) else v.to(torch.bfloat16) for k, v in t.items()}, f,
+        save_file({k: v if keeps_fp32(k) else v.to(torch.bfloat16) for k, v in t.items()}, f,
                   metadata={"format": "pt"})
     shutil.rmtree(WORK / "f32")
     shutil.rmtree(parent)

@@ -7,7 +7,7 @@ with 16 experts, 2 dense MLP; 17.4M parameters) is built with transformers, its 
 every block matters (weights ~ N(0, 1/fan_in), as tests/tiny.py does), stored in BF16 (router, A_log, D,
 dt_bias fp32), nested by `elastic_local.elastic.nest.nest` into full / p60 / p35 (60% and 35% of the
 parameters; every cut a multiple of 16, the NVFP4 block), and quantized with
-`elastic_local.quant.quantize.quantize_checkpoint` to FP8 and to NVFP4 (Model Optimizer layout, SPEC §5).
+`elastic_local.ptq.quantize.quantize_checkpoint` to FP8 and to NVFP4 (Model Optimizer layout, SPEC §5).
 Cached under benchmarks/_work/quant/. Then:
 
   a. bytes   file bytes / parameters of every budget's extract (`slice_budget`) at each precision, for the
@@ -79,7 +79,7 @@ def build_tiny(rebuild: bool = False) -> dict[str, Path]:
     from transformers.utils import logging as hf_logging
 
     from elastic_local.elastic.nest import nest
-    from elastic_local.quant.quantize import quantize_checkpoint
+    from elastic_local.ptq.quantize import quantize_checkpoint
 
     dirs = {p: WORK / p for p in PRECISIONS}
     stamp = json.dumps({"config": CONFIG, "budgets": BUDGETS, "init": "randomize-v1"}, sort_keys=True)
@@ -318,7 +318,7 @@ def print_decode(res: dict, args: argparse.Namespace) -> dict:
 
 def build_big_quantized(rebuild: bool = False) -> dict[str, Path]:
     """bench_nesting's ~107M nested BF16 checkpoint, and its FP8 and NVFP4 quantizations next to it."""
-    from elastic_local.quant.quantize import quantize_checkpoint
+    from elastic_local.ptq.quantize import quantize_checkpoint
 
     bf16 = bench_nesting.build_nested(rebuild=rebuild)
     dirs = {"bf16": bf16}

@@ -11,9 +11,9 @@ from safetensors.torch import save_file
 
 
 def write_random_parent(parent: Path, config: dict, seed: int) -> None:
-    from elastic_local.checkpoint.load import expected_shapes
     from elastic_local.model.budget import Budget
     from elastic_local.model.config import NemotronHConfig
+    from elastic_local.model.schema import expected_shapes
 
     parent.mkdir(parents=True)
     (parent / "config.json").write_text(json.dumps(config, indent=2))

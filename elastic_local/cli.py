@@ -1,11 +1,31 @@
-"""The `elastic-local` command: a thin layer over the library; every subcommand is a few lines."""
+"""The `elastic-local` command: a thin layer over the library; every subcommand is a few lines.
+
+Each command is a function whose docstring is its help text, ending with an example. Commands that run
+a model take the same options (`add_model_options`) and load through one call (`load_from_args`).
+Command modules elsewhere in the package expose `register(sub)` and are listed in `COMMAND_MODULES`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .engine import ElasticModel
+    from .progress import Progress
+
+# Modules with a `register(sub)` that adds their subcommands: one line per module.
+COMMAND_MODULES: list[str] = [
+    "elastic_local.batch.cli",
+    "elastic_local.train.cli",
+    "elastic_local.evaluate.cli",
+]
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _gib(n: int) -> str:
@@ -19,8 +39,68 @@ def _count(n: int) -> str:
     return str(n)
 
 
+def add_command(sub, name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+    """A subcommand whose long help is `func`'s docstring (what it does, then an example); `func(args)`
+    returns the exit status."""
+    p = sub.add_parser(name, help=help, description=func.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=func)
+    return p
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """The options of every command that runs a model: where, in what dtype, which precision and budget."""
+    g = parser.add_argument_group("model")
+    g.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (default auto: cuda when torch sees a GPU)")
+    g.add_argument("--dtype", default="auto", choices=("auto", *DTYPES),
+                   help="compute dtype (default auto: bfloat16 on a GPU or with a planned budget, else float32)")
+    g.add_argument("--precision", choices=("auto", "bf16", "fp8", "nvfp4"),
+                   help="weights: auto = the fit planner's pick; fp8/nvfp4 from a BF16 file quantize while "
+                        "loading (default: auto on a GPU, else as stored)")
+    g.add_argument("--budget", metavar="NAME",
+                   help="resident budget, or auto = the largest the fit planner fits on this machine "
+                        "(default: auto on a GPU, else the largest)")
+
+
+def resolve_device(device: str) -> str:
+    """--device as torch names it: auto is cuda when torch sees a GPU; cuda without one is an error."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    kind = device.split(":")[0]
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device!r}: expected cpu, cuda or cuda:N")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: torch {torch.__version__} sees no CUDA GPU "
+                         f"({'a CPU-only build' if torch.version.cuda is None else 'no device visible'}); "
+                         "use --device cpu")
+    return device
+
+
+def load_from_args(args: argparse.Namespace, path: str | None = None,
+                   progress: Progress | None = None) -> ElasticModel:
+    """Load the checkpoint `path` (default: `args.dir`) with the options `add_model_options` added."""
+    import torch
+
+    from .engine import load
+
+    device = resolve_device(args.device)
+    gpu = torch.device(device).type == "cuda"
+    return load(args.dir if path is None else path, budget=args.budget or ("auto" if gpu else None),
+                precision=args.precision or ("auto" if gpu else None), device=device,
+                dtype=None if args.dtype == "auto" else getattr(torch, args.dtype), progress=progress)
+
+
 def cmd_info(args: argparse.Namespace) -> int:
-    from .checkpoint.inspect import describe
+    """What a checkpoint directory holds, from its config and safetensors headers (no weights are read):
+    layers, parameters, bytes on disk, every budget's sizes and bytes at each precision, and which
+    kernels would run here.
+
+    elastic-local info             (the embedded demo model)
+    elastic-local info ./ckpt
+    elastic-local info ./ckpt --json"""
+    from .elastic.inspect import describe
     from .paths import default_model
 
     d = describe(args.dir if args.dir is not None else default_model())
@@ -56,7 +136,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_fit(args: argparse.Namespace) -> int:
     """What fits: every (budget, precision) of DIR on a machine, with its memory breakdown, and the pick.
 
-    Example: elastic-local fit --profile rtx5080 --context 32768"""
+    elastic-local fit --profile rtx5080 --context 32768
+    elastic-local fit ./ckpt --json"""
     from .hardware import fit, get_profile, render_plan
 
     margin = None if args.margin_gib is None else int(args.margin_gib * 2**30)
@@ -70,6 +151,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
+    """The hardware profiles `fit --profile` accepts: shipped ones, then the user's own .toml files.
+
+    elastic-local profiles"""
     from .hardware.profiles import list_profiles, render_profiles
 
     profiles = list_profiles()
@@ -81,6 +165,9 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 
 def cmd_paths(args: argparse.Namespace) -> int:
+    """Where config, data (chat history) and user hardware profiles live.
+
+    elastic-local paths"""
     from . import paths
     from .hardware.profiles import user_profile_dir
 
@@ -101,12 +188,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """Answer one prompt, streaming the thinking (stderr, dimmed) and the answer (stdout), then a stats line.
 
     elastic-local generate ./ckpt --prompt "Why is the sky blue?" --think-budget half --max-think-tokens 256
+    elastic-local generate ./ckpt --prompt "2+2?" --device cuda --precision fp8 --budget auto
     """
-    import elastic_local
-
     from .engine.events import Token
 
-    m = elastic_local.load(args.dir)
+    m = load_from_args(args, progress=_Bar("load") if sys.stderr.isatty() else None)
     prompt = m.chat_prompt(args.prompt, think=not args.no_think, system=args.system)
     stream = m.stream(prompt, **_generation_options(args))
     dim, undim = ("\x1b[2m", "\x1b[0m") if sys.stderr.isatty() else ("", "")
@@ -165,6 +251,11 @@ def _budgets(values: list[str]) -> dict[str, float]:
 
 
 def cmd_nest(args: argparse.Namespace) -> int:
+    """Turn a Nemotron-H checkpoint into a nested elastic one: score every axis on calibration tokens,
+    permute into importance order (the full budget is the input model), size each budget for its
+    parameter fraction, write the permuted weights with the budget table.
+
+    elastic-local nest ./parent ./nested --budget 23B=0.77 --budget 12B=0.4 --calib calib.txt"""
     from .elastic.nest import nest
 
     out = nest(args.src, args.out, _budgets(args.budget), calib=args.calib, axes=tuple(args.axes.split(",")),
@@ -175,6 +266,10 @@ def cmd_nest(args: argparse.Namespace) -> int:
 
 
 def cmd_slice(args: argparse.Namespace) -> int:
+    """Extract one budget of a nested checkpoint as a standalone Nemotron-H checkpoint (zero-shot
+    slicing); smaller budgets nested in it stay in its budget table.
+
+    elastic-local slice ./nested ./12b --budget 12B"""
     from .elastic.slice import slice_budget
 
     out, portable = slice_budget(args.dir, args.out, args.budget, progress=_Bar("slice"))
@@ -186,7 +281,11 @@ def cmd_slice(args: argparse.Namespace) -> int:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
-    from .quant.quantize import quantize_checkpoint
+    """Quantize a nested BF16 checkpoint to FP8 or NVFP4 in NVIDIA Model Optimizer's layout; every budget
+    stays a prefix of the quantized weights. Activation scales come from one calibration pass.
+
+    elastic-local quantize ./nested ./nested-nvfp4 --precision nvfp4 --calib calib.txt --preset nano"""
+    from .ptq import quantize_checkpoint
 
     out = quantize_checkpoint(args.dir, args.out, args.precision, calib=args.calib, keep=tuple(args.keep),
                               preset=args.preset, device=args.device, progress=_Bar("quantize"))
@@ -194,16 +293,17 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     return cmd_info(argparse.Namespace(dir=out, json=False))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="elastic-local", description=__doc__)
+def build_parser() -> argparse.ArgumentParser:
+    """Every command: the ones below, then those of `COMMAND_MODULES`."""
+    parser = argparse.ArgumentParser(prog="elastic-local", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("info", help="describe a checkpoint directory")
+    p = add_command(sub, "info", cmd_info, "describe a checkpoint directory")
     p.add_argument("dir", nargs="?", default=None, help="checkpoint directory (default: the embedded demo model)")
     p.add_argument("--json", action="store_true", help="one JSON object")
-    p.set_defaults(func=cmd_info)
 
-    p = sub.add_parser("nest", help="turn a Nemotron-H checkpoint into a nested elastic one")
+    p = add_command(sub, "nest", cmd_nest, "turn a Nemotron-H checkpoint into a nested elastic one")
     p.add_argument("src")
     p.add_argument("out")
     p.add_argument("--budget", action="append", required=True, metavar="NAME=FRACTION",
@@ -214,16 +314,15 @@ def main(argv: list[str] | None = None) -> int:
                         "shared_channels, mlp_channels, depth")
     p.add_argument("--heterogeneous", action="store_true", help="allow per-layer sizes")
     p.add_argument("--full-name", default="full", help="name of the full model's budget")
-    p.add_argument("--device", default="cpu")
-    p.set_defaults(func=cmd_nest)
+    p.add_argument("--device", default="cpu", help="where the model is scored (default cpu)")
 
-    p = sub.add_parser("slice", help="extract one budget as a standalone checkpoint")
+    p = add_command(sub, "slice", cmd_slice, "extract one budget as a standalone checkpoint")
     p.add_argument("dir")
     p.add_argument("out")
-    p.add_argument("--budget", required=True)
-    p.set_defaults(func=cmd_slice)
+    p.add_argument("--budget", required=True, help="the budget to extract")
 
-    p = sub.add_parser("quantize", help="quantize a nested BF16 checkpoint to FP8 or NVFP4 (Model Optimizer layout)")
+    p = add_command(sub, "quantize", cmd_quantize,
+                    "quantize a nested BF16 checkpoint to FP8 or NVFP4 (Model Optimizer layout)")
     p.add_argument("dir")
     p.add_argument("out")
     p.add_argument("--precision", required=True, choices=["fp8", "nvfp4"])
@@ -232,12 +331,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="module name pattern to leave in BF16, e.g. 'backbone.layers.5.mixer.*' (repeatable)")
     p.add_argument("--preset", choices=["nano"], help="nano: attention layers and the Mamba layers feeding them "
                                                      "stay BF16 (NVIDIA's conservative recipe)")
-    p.add_argument("--device", default="cpu")
-    p.set_defaults(func=cmd_quantize)
+    p.add_argument("--device", default="cpu", help="where calibration runs (default cpu)")
 
-    p = sub.add_parser("generate", help="answer one prompt, streaming thinking and answer",
-                       description=cmd_generate.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "generate", cmd_generate, "answer one prompt, streaming thinking and answer")
     p.add_argument("dir", nargs="?", default=None, help="checkpoint directory (default: the embedded demo model)")
+    add_model_options(p)
     p.add_argument("--prompt", required=True, help="the user message (rendered with the chat template)")
     p.add_argument("--system", help="a system message")
     p.add_argument("--no-think", action="store_true", help="open the answer at once (thinking off)")
@@ -257,12 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--transplant", action="store_true",
                    help="a budget taking over reuses the other's states instead of catching up (approximate)")
     p.add_argument("--json", action="store_true", help="no streaming; print the result as one JSON object")
-    p.set_defaults(func=cmd_generate)
 
     from .hardware.fit import STAR_ELASTIC
 
-    p = sub.add_parser("fit", help="which budget and precision fit this machine (or a profile)",
-                       description=cmd_fit.__doc__)
+    p = add_command(sub, "fit", cmd_fit, "which budget and precision fit this machine (or a profile)")
     p.add_argument("dir", nargs="?", default=str(STAR_ELASTIC),
                    help="checkpoint directory, weights optional (default: the Star Elastic description)")
     p.add_argument("--profile", default="auto", help="hardware profile name or .toml file; auto = this machine")
@@ -270,27 +366,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--caches", type=int, default=2, help="hybrid caches kept (chat: think + answer = 2)")
     p.add_argument("--margin-gib", type=float, help="safety margin (default: max(1 GiB, 5%% of memory))")
     p.add_argument("--json", action="store_true", help="one JSON object, sizes in bytes")
-    p.set_defaults(func=cmd_fit)
 
-    p = sub.add_parser("profiles", help="list the hardware profiles")
+    p = add_command(sub, "profiles", cmd_profiles, "list the hardware profiles")
     p.add_argument("--json", action="store_true", help="one JSON object")
-    p.set_defaults(func=cmd_profiles)
 
-    p = sub.add_parser("paths", help="print where config, data and user profiles live")
-    p.set_defaults(func=cmd_paths)
+    add_command(sub, "paths", cmd_paths, "print where config, data and user profiles live")
 
-    from .batch.cli import register as register_batch
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
 
-    register_batch(sub)
-    from .train.cli import register as register_train
 
-    register_train(sub)
-
-    from .evaluate.cli import register as register_eval
-
-    register_eval(sub)
-
-    args = parser.parse_args(argv)
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except (ValueError, KeyError, FileNotFoundError, FileExistsError) as e:

@@ -178,7 +178,7 @@ def to_bf16(src: Path, dst: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from elastic_local.quant.quantize import quantize_checkpoint
+    from elastic_local.ptq.quantize import quantize_checkpoint
 
     root = tmp_path_factory.mktemp("fit")
     make_checkpoint(root / "parent", seed=5, **CFG)

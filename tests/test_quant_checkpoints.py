@@ -12,7 +12,7 @@ import elastic_local
 from elastic_local.checkpoint import CheckpointError
 from elastic_local.elastic.nest import nest
 from elastic_local.elastic.slice import slice_budget
-from elastic_local.quant.quantize import quantize_checkpoint
+from elastic_local.ptq.quantize import quantize_checkpoint
 
 CFG = {**ALIGNED, "mamba_head_dim": 16}  # heads of 16 channels: whole NVFP4 blocks, reorderable at load
 IDS = torch.randint(0, 96, (2, 10), generator=torch.Generator().manual_seed(12))

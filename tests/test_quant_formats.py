@@ -7,7 +7,10 @@ import warnings
 
 import pytest
 import torch
+from kernel_twins import blocked_offsets, fake_scaled_mm, unblock
 
+from elastic_local.model import kernels
+from elastic_local.model.kernels import KernelSet
 from elastic_local.quant import (
     FP8Weight,
     NVFP4Weight,
@@ -236,18 +239,6 @@ def test_linear_matches_dequantized_matmul(monkeypatch, quantize):
         torch.testing.assert_close(w.linear(xb), xb @ w.dequantize(torch.bfloat16).T, rtol=1e-2, atol=1e-3)
 
 
-def blocked_offsets(rows: int, cols: int) -> torch.Tensor:
-    """Where scale (r, c) sits in cuBLAS's block-scaling-factor layout: 512-byte tiles of 128 rows x 4
-    columns, tiles in row-major order, and inside a tile offset (r % 32) * 16 + (r % 128) // 32 * 4 + c % 4."""
-    r, c = torch.arange(rows)[:, None], torch.arange(cols)[None, :]
-    tile = (r // 128) * ((cols + 3) // 4) + c // 4
-    return tile * 512 + (r % 32) * 16 + (r % 128) // 32 * 4 + c % 4
-
-
-def unblock(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    return blocked.view(torch.uint8)[blocked_offsets(rows, cols)].view(torch.float8_e4m3fn)
-
-
 def test_to_blocked_layout():
     q = quantize_nvfp4(torch.randn(300, 1024))
     for rows, k in [(300, 1024), (128, 64), (1, 16), (130, 96), (256, 512)]:
@@ -260,8 +251,9 @@ def test_to_blocked_layout():
         assert not bits(blocked)[padding].any()
 
 
-def test_kernel_selection(monkeypatch):
+def test_kernel_selection():
     fp8, nvfp4 = quantize_fp8(torch.randn(64, 128)), quantize_nvfp4(torch.randn(64, 128))
+    previous = kernels.active()
     for cap, fp8_kernel, nvfp4_kernel in [
         ((8, 6), "dequant_matmul", "dequant_matmul"),
         ((8, 9), "scaled_mm_fp8", "dequant_matmul"),
@@ -269,12 +261,15 @@ def test_kernel_selection(monkeypatch):
         ((10, 0), "scaled_mm_fp8", "scaled_mm_nvfp4"),
         ((12, 0), "scaled_mm_fp8", "scaled_mm_nvfp4"),
     ]:
-        monkeypatch.setattr(qlinear, "cuda_capability", lambda device, cap=cap: cap)
+        kernels.use(KernelSet("gpu", "cuda", scaled_mm=fake_scaled_mm, capability=lambda device, cap=cap: cap))
         assert (fp8.kernel_name("cuda"), nvfp4.kernel_name("cuda")) == (fp8_kernel, nvfp4_kernel)
     # Shapes the kernels cannot take fall back: NVFP4 needs in % 32, both need out % 16.
     assert nvfp4.narrow(64, 48).kernel_name("cuda") == "dequant_matmul"
     assert fp8.narrow(40, 128).kernel_name("cuda") == "dequant_matmul"
     assert fp8.narrow(48, 48).kernel_name("cuda") == "scaled_mm_fp8"
+    kernels.use(kernels.TORCH)  # the torch path forced: no scaled matmul on any device
+    assert fp8.kernel_name("cuda") == "dequant_matmul"
+    kernels.use(previous)
 
 
 @pytest.mark.parametrize("static", [True, False])
@@ -286,7 +281,7 @@ def test_fp8_scaled_mm_path(static, dtype):
     amax = x.float().abs().amax()
     w = FP8Weight(q.weight, q.weight_scale, amax / 448 if static else None).narrow(48, 96)
     x = x[:, :96]
-    y = w._fast_linear(x)
+    y = w._fast_linear(x, torch._scaled_mm)
     scale = (amax / 448) if static else x.float().abs().amax() / 448
     xq = (x.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
     ref = dequantize_fp8(xq, scale, torch.float32) @ w.dequantize(torch.float32).T
@@ -294,30 +289,17 @@ def test_fp8_scaled_mm_path(static, dtype):
     torch.testing.assert_close(y.float(), ref, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-4)
 
 
-def fake_scaled_mm(a, b, *, scale_a, scale_b, out_dtype):
-    """What cuBLAS's block-scaled NVFP4 GEMM computes, with the layout rules torch enforces on CUDA."""
-    assert a.dtype == b.dtype == torch.float4_e2m1fn_x2
-    assert a.stride(1) == 1 and b.stride(0) == 1 and a.shape[1] == b.shape[0]  # row-major A, col-major B
-    m, n, k = a.shape[0], b.shape[1], 2 * a.shape[1]
-    assert k % 32 == 0 and n % 16 == 0 and scale_a.is_contiguous() and scale_b.is_contiguous()
-    one = torch.tensor(1.0)
-    a = dequantize_nvfp4(a.view(torch.uint8), unblock(scale_a, m, k // 16), one, torch.float32)
-    b = dequantize_nvfp4(b.t().view(torch.uint8), unblock(scale_b, n, k // 16), one, torch.float32)
-    return (a @ b.T).to(out_dtype)
-
-
 @pytest.mark.parametrize("static", [True, False])
-def test_nvfp4_scaled_mm_path_emulated(monkeypatch, static):
+def test_nvfp4_scaled_mm_path_emulated(static):
     """Plumbing of the Blackwell path (swizzle, operand layout, global scales) against an emulated GEMM."""
-    monkeypatch.setattr(torch, "_scaled_mm", fake_scaled_mm)
     q = quantize_nvfp4(random_weight((160, 256), 0.1, torch.float32))
     x = torch.randn(7, 256, dtype=torch.bfloat16)
     scale_2 = x.float().abs().amax() / (6 * 448)
     w = NVFP4Weight(q.weight, q.weight_scale, q.weight_scale_2, scale_2 if static else None).narrow(144, 192)
     x = x[:, :192]
-    y = w._fast_linear(x)
+    y = w._fast_linear(x, fake_scaled_mm)
     swizzled = w._blocked_scale
-    assert torch.equal(w._fast_linear(x), y) and w._blocked_scale is swizzled  # swizzled once
+    assert torch.equal(w._fast_linear(x, fake_scaled_mm), y) and w._blocked_scale is swizzled  # swizzled once
     if not static:
         scale_2 = x.float().abs().amax() / (6 * 448)
     xq, xs = quantize_blocks(x, scale_2)

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import elastic_local
-from elastic_local.checkpoint.load import Progress
 from elastic_local.engine import ElasticModel
 from elastic_local.hardware import Plan, get_profile
 from elastic_local.hardware.fit import plan_checkpoint, summary
 from elastic_local.hardware.profiles import GIB
+from elastic_local.progress import Progress
 
 DEMO_DIR = Path(elastic_local.__file__).resolve().parent / "catalog" / "demo"
 

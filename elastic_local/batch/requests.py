@@ -100,12 +100,12 @@ class Checker:
     @classmethod
     def for_checkpoint(cls, path: str | Path, context: int | None = None, defaults: Defaults = Defaults()) -> Checker:
         """From a checkpoint directory's config and tokenizer alone: no weights are read."""
-        from ..hardware.fit import budgets_of
+        from ..elastic.table import read_budgets
         from ..model.config import NemotronHConfig
 
         path = Path(path)
         cfg = NemotronHConfig.from_dir(path)
-        budgets = list(budgets_of(cfg, where=str(path / "config.json")))
+        budgets = list(read_budgets(cfg, where=str(path / "config.json")))
         return cls(budgets, Tokenizer.from_dir(path), context or max_context(cfg), cfg.vocab_size, defaults)
 
     @classmethod

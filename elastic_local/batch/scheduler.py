@@ -49,8 +49,9 @@ class Memory:
 def cache_room(model: ElasticModel, device: str = "cpu") -> int:
     """Bytes a batch's caches may fill: the memory free now, as the fit planner probes it (the weights are
     already resident), less the planner's safety margin and the workspace of one prefill chunk."""
-    from ..hardware.fit import PREFILL_CHUNK, arch_shape, live_profile
+    from ..hardware.fit import live_profile
     from ..hardware.planner import default_margin
+    from ..model.cost import PREFILL_CHUNK, arch_shape
 
     free = live_profile(device).available_bytes
     work = arch_shape(model.config, model.budget()).workspace_bytes(PREFILL_CHUNK, 1, model.dtype.itemsize)

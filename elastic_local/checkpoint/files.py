@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from ..model.schema import DTYPE_BYTES
+
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded; the message names the file and the tensor and says what to do."""
@@ -31,10 +33,6 @@ class TensorInfo:
         for s in self.shape:
             n *= s
         return int(n)
-
-
-DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "U8": 1, "I8": 1,
-               "I32": 4, "I64": 8, "BOOL": 1, "U16": 2, "I16": 2, "U32": 4}
 
 
 def read_header(file: Path) -> dict[str, TensorInfo]:

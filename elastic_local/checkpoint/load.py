@@ -9,8 +9,6 @@ the way in (model/layout.py); the file keeps the hub layout every other loader e
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -18,83 +16,20 @@ import torch
 from ..model.attention import AttentionWeights
 from ..model.budget import Budget, check_budget
 from ..model.config import NemotronHConfig
-from ..model.layout import head_channels, rank_major_heads
+from ..model.layout import head_channels, mamba_rows, rank_major_heads
 from ..model.linear import RowConcat
 from ..model.mamba2 import MambaWeights
 from ..model.moe import MLPWeights, MoEWeights
 from ..model.nemotron_h import Layer, NemotronH
+from ..model.schema import expected_shapes, keeps_fp32, stored_budget
+from ..progress import Progress
 from ..quant.fp8 import FP8Weight
 from ..quant.linear import QuantizedWeight
 from ..quant.nvfp4 import NVFP4Weight
 from ..quant.scheme import GROUP_SIZE, PRECISIONS, is_quantized, quantize, read_quant_config, stored_tensors
 from .files import CheckpointError, Reader, TensorInfo, index_tensors
 
-Progress = Callable[[int, int, str], None]  # (done, total, what)
 log = logging.getLogger(__name__)
-
-
-BLOCK_TYPES = {"M": "mamba", "*": "attention", "E": "moe", "-": "mlp"}
-
-
-def stored_budget(cfg: NemotronHConfig) -> Budget:
-    """The sizes the file stores: the config's own, or per layer from `block_configs` (a heterogeneous
-    slice, after the convention of NVIDIA's Puzzle checkpoints)."""
-    blocks = cfg.raw.get("block_configs")
-    if not blocks:
-        return Budget.full(cfg)
-    if len(blocks) != cfg.num_layers:
-        raise CheckpointError(f"config.json: block_configs has {len(blocks)} entries for {cfg.num_layers} layers")
-    layers = []
-    for i, (kind, bc) in enumerate(zip(cfg.pattern, blocks)):
-        if bc.get("block_type") != BLOCK_TYPES[kind]:
-            raise CheckpointError(f"config.json: block_configs[{i}] is {bc.get('block_type')!r}, the pattern says "
-                                  f"{BLOCK_TYPES[kind]!r}")
-        full = Budget.full(cfg).layers[i]
-        layers.append(replace(full, mamba_heads=bc.get("mamba_num_heads", full.mamba_heads),
-                              attention_heads=bc.get("num_attention_heads", full.attention_heads),
-                              experts=bc.get("n_routed_experts", full.experts),
-                              expert_channels=bc.get("moe_intermediate_size", full.expert_channels),
-                              shared_channels=bc.get("moe_shared_expert_intermediate_size", full.shared_channels),
-                              mlp_channels=bc.get("intermediate_size", full.mlp_channels)))
-    return Budget("stored", cfg.hidden_size, tuple(layers))
-
-
-def expected_shapes(cfg: NemotronHConfig, stored: Budget) -> dict[str, tuple[int, ...]]:
-    """Canonical name -> shape of every tensor a checkpoint with these stored sizes must hold."""
-    D, V = stored.hidden, cfg.vocab_size
-    out: dict[str, tuple[int, ...]] = {"embeddings.weight": (V, D), "norm_f.weight": (D,)}
-    if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = (V, D)
-    G, N, p, K = cfg.n_groups, cfg.ssm_state_size, cfg.mamba_head_dim, cfg.conv_kernel
-    hd, KV = cfg.head_dim, cfg.num_key_value_heads
-    for i, s in enumerate(stored.layers):
-        pre = f"layers.{i}."
-        if not s.enabled:
-            continue
-        out[pre + "norm.weight"] = (D,)
-        m = pre + "mixer."
-        if s.kind == "M":
-            n = s.mamba_heads
-            conv = n * p + 2 * G * N
-            out.update({m + "in_proj.weight": (2 * n * p + 2 * G * N + n, D), m + "conv1d.weight": (conv, 1, K),
-                        m + "dt_bias": (n,), m + "A_log": (n,), m + "D": (n,), m + "norm.weight": (n * p,),
-                        m + "out_proj.weight": (D, n * p)})
-            if cfg.use_conv_bias:
-                out[m + "conv1d.bias"] = (conv,)
-        elif s.kind == "*":
-            q = s.attention_heads * hd
-            out.update({m + "q_proj.weight": (q, D), m + "k_proj.weight": (KV * hd, D),
-                        m + "v_proj.weight": (KV * hd, D), m + "o_proj.weight": (D, q)})
-        elif s.kind == "E":
-            E, I, S = s.experts, s.expert_channels, s.shared_channels
-            out.update({m + "gate.weight": (E, D), m + "gate.e_score_correction_bias": (E,),
-                        m + "shared_experts.up_proj.weight": (S, D), m + "shared_experts.down_proj.weight": (D, S)})
-            for j in range(E):
-                out[m + f"experts.{j}.up_proj.weight"] = (I, D)
-                out[m + f"experts.{j}.down_proj.weight"] = (D, I)
-        else:
-            out.update({m + "up_proj.weight": (s.mlp_channels, D), m + "down_proj.weight": (D, s.mlp_channels)})
-    return out
 
 
 def unstack_experts(tensors: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
@@ -210,10 +145,10 @@ def load_network(path: str | Path, resident: Budget | None = None, stored: Budge
     reader = Reader(tensors)
     log.info("weights: %s stored, %s resident", stored_precision, precision)
 
-    def get(name: str, *index, fp32: bool = False) -> torch.Tensor:
+    def get(name: str, *index) -> torch.Tensor:
         # a fresh, contiguous copy: a zero-copy view would keep the file's pages (whole rows of a column
         # prefix) mapped and counted, and strided weights take the slow matmul path
-        return _owned(reader.read(name, *index), device, torch.float32 if fp32 else dtype)
+        return _owned(reader.read(name, *index), device, torch.float32 if keeps_fp32(name) else dtype)
 
     def get_linear(name: str, rows, cols):
         """A Linear weight as this run keeps it: a tensor, or a quantized weight (stored, or quantized now
@@ -244,18 +179,15 @@ def load_network(path: str | Path, resident: Budget | None = None, stored: Budge
         if s.kind == "M":
             heads = rank_major_heads(st.mamba_heads, G, s.mamba_heads // G)
             ch = head_channels(heads, p)
-            n_st = st.mamba_heads * p
-            bc = torch.arange(2 * n_st, 2 * n_st + 2 * G * cfg.ssm_state_size)
-            rows = torch.cat([ch, n_st + ch, bc, 2 * n_st + len(bc) + heads])
-            conv_rows = torch.cat([ch, bc - n_st])
+            rows, conv_rows = mamba_rows(heads, st.mamba_heads, cfg)
             conv_w = get(m + "conv1d.weight", conv_rows)[:, 0]
             mixer = MambaWeights(
                 in_proj=get_linear(m + "in_proj.weight", rows, d),
                 conv_weight=conv_w,
                 conv_bias=get(m + "conv1d.bias", conv_rows) if cfg.use_conv_bias else None,
-                dt_bias=get(m + "dt_bias", heads, fp32=True),
-                A=-torch.exp(get(m + "A_log", heads, fp32=True)),
-                D=get(m + "D", heads, fp32=True),
+                dt_bias=get(m + "dt_bias", heads),
+                A=-torch.exp(get(m + "A_log", heads)),
+                D=get(m + "D", heads),
                 norm=get(m + "norm.weight", ch),
                 out_proj=get_linear(m + "out_proj.weight", d, ch),
             )
@@ -274,8 +206,8 @@ def load_network(path: str | Path, resident: Budget | None = None, stored: Budge
                 up, down = torch.stack(up), torch.stack(down)
             S = s.shared_channels
             mixer = MoEWeights(
-                gate=get(m + "gate.weight", E, d, fp32=True),
-                bias=get(m + "gate.e_score_correction_bias", E, fp32=True),
+                gate=get(m + "gate.weight", E, d),
+                bias=get(m + "gate.e_score_correction_bias", E),
                 up=up, down=down,
                 shared_up=get_linear(m + "shared_experts.up_proj.weight", S, d),
                 shared_down=get_linear(m + "shared_experts.down_proj.weight", d, S),

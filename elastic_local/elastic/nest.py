@@ -10,16 +10,17 @@ The model is held once (for scoring) and the output is streamed tensor by tensor
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from ..checkpoint.files import Reader
-from ..checkpoint.load import checkpoint_tensors, expected_shapes, load_network
+from ..checkpoint.load import checkpoint_tensors, load_network
 from ..checkpoint.write import CheckpointWriter
 from ..model.budget import Budget, count_params
 from ..model.config import NemotronHConfig
+from ..model.schema import expected_shapes
+from ..progress import Progress
 from ..quant.scheme import read_quant_config
 from .importance import Importance, calibration_ids, score
 from .search import ALL_AXES, DEFAULT_AXES, search_budget
@@ -27,7 +28,6 @@ from .select import LayerSelection, Selection, materialize, select_plan
 from .table import FORMAT_VERSION, budget_entry, check_alignment
 
 log = logging.getLogger(__name__)
-Progress = Callable[[int, int, str], None]
 
 
 def _desc(t: torch.Tensor) -> torch.Tensor:

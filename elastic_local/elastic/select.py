@@ -17,7 +17,7 @@ import torch
 from ..checkpoint.files import Reader
 from ..checkpoint.load import read_quantized
 from ..model.config import NemotronHConfig
-from ..model.layout import head_channels
+from ..model.layout import head_channels, mamba_rows
 from ..quant.scheme import is_quantized
 
 
@@ -79,7 +79,7 @@ def select_plan(cfg: NemotronHConfig, sel: Selection, stored_heads: list[int | N
     x, B, C and dt rows of in_proj begin)."""
     P = sel.hidden
     V = cfg.vocab_size
-    G, N, p, hd = cfg.n_groups, cfg.ssm_state_size, cfg.mamba_head_dim, cfg.head_dim
+    p, hd = cfg.mamba_head_dim, cfg.head_dim
     yield "backbone.embeddings.weight", _req("embeddings.weight", V, P)
     for j, ls in enumerate(sel.layers):
         src, out = f"layers.{ls.source}.", f"backbone.layers.{j}."
@@ -87,11 +87,8 @@ def select_plan(cfg: NemotronHConfig, sel: Selection, stored_heads: list[int | N
         yield out + "norm.weight", _req(src + "norm.weight", P)
         m, o = src + "mixer.", out + "mixer."
         if kind == "M":
-            n = stored_heads[ls.source]
             ch = head_channels(ls.heads, p)
-            bc = torch.arange(2 * n * p, 2 * n * p + 2 * G * N)
-            rows = torch.cat([ch, n * p + ch, bc, 2 * n * p + 2 * G * N + ls.heads])
-            conv_rows = torch.cat([ch, bc - n * p])
+            rows, conv_rows = mamba_rows(ls.heads, stored_heads[ls.source], cfg)
             yield o + "in_proj.weight", _req(m + "in_proj.weight", rows, P)
             yield o + "conv1d.weight", _req(m + "conv1d.weight", conv_rows)
             if cfg.use_conv_bias:

@@ -10,21 +10,21 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from ..checkpoint.files import Reader
-from ..checkpoint.load import BLOCK_TYPES, checkpoint_tensors, stored_budget
+from ..checkpoint.load import checkpoint_tensors
 from ..checkpoint.write import CheckpointWriter
 from ..model.budget import Budget
-from ..model.config import NemotronHConfig
+from ..model.config import BLOCK_KINDS, NemotronHConfig
+from ..model.schema import stored_budget
+from ..progress import Progress
 from ..quant.scheme import read_quant_config
 from .select import LayerSelection, Selection, materialize, select_plan
 from .table import budget_entry, is_homogeneous, read_budgets
 
-Progress = Callable[[int, int, str], None]
 _HF_TYPES = {"M": "linear_attention", "*": "full_attention", "E": "moe", "-": "mlp"}
 
 
@@ -77,7 +77,7 @@ def sliced_config(cfg: NemotronHConfig, b: Budget, nested: dict[str, Budget]) ->
     raw["intermediate_size"] = largest("-", "mlp_channels", cfg.intermediate_size)
     homogeneous = is_homogeneous(b)
     if not homogeneous:
-        raw["block_configs"] = [{"block_type": BLOCK_TYPES[s.kind], "mamba_num_heads": s.mamba_heads,
+        raw["block_configs"] = [{"block_type": BLOCK_KINDS[s.kind], "mamba_num_heads": s.mamba_heads,
                                  "num_attention_heads": s.attention_heads, "n_routed_experts": s.experts,
                                  "moe_intermediate_size": s.expert_channels,
                                  "moe_shared_expert_intermediate_size": s.shared_channels,

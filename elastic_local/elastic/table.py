@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ..model.budget import Budget, LayerSizes, check_budget, count_params, full_layer
 from ..model.config import NemotronHConfig
+from ..model.schema import stored_budget
 
 FORMAT_VERSION = 1
 LAYER_AXES = {"mamba_heads": "M", "attention_heads": "*", "experts": "E", "expert_channels": "E",
@@ -104,10 +105,11 @@ def check_alignment(cfg: NemotronHConfig, b: Budget, where: str = "budget") -> N
 
 
 def read_budgets(cfg: NemotronHConfig, where: str = "config.json") -> dict[str, Budget]:
-    """Budgets of a checkpoint, largest first. A plain Nemotron-H checkpoint holds one: "full"."""
+    """The budgets a checkpoint directory holds, largest first (its config's elastic table). A plain
+    Nemotron-H checkpoint, or a slice of one budget, holds one: "full", the sizes its file stores."""
     table = cfg.raw.get("elastic")
     if not table:
-        return {"full": Budget.full(cfg)}
+        return {"full": stored_budget(cfg)}
     version = table.get("format_version")
     if version != FORMAT_VERSION:
         raise BudgetTableError(f"{where}: elastic format_version {version!r}; this runner reads {FORMAT_VERSION}")

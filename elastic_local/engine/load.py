@@ -6,10 +6,12 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint.load import Progress, load_network, stored_budget
+from ..checkpoint.load import load_network
 from ..elastic.table import read_budgets
 from ..model.config import NemotronHConfig
+from ..model.schema import stored_budget
 from ..paths import default_model
+from ..progress import Progress
 from .elastic_model import ElasticModel
 from .tokenizer import Tokenizer
 
@@ -35,11 +37,10 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
         budget = picked_budget if budget == "auto" else budget
         precision = picked_precision if precision == "auto" else precision
     cfg = NemotronHConfig.from_dir(path)
-    stored = stored_budget(cfg)
-    budgets = read_budgets(cfg, where=str(path / "config.json")) if cfg.raw.get("elastic") else {"full": stored}
+    budgets = read_budgets(cfg, where=str(path / "config.json"))
     if budget is not None and budget not in budgets:
         raise KeyError(f"unknown budget {budget!r}; {path} has {list(budgets)}")
     resident = budgets[budget] if budget is not None else next(iter(budgets.values()))
-    net = load_network(path, resident=resident, stored=stored, dtype=dtype, device=device, progress=progress,
-                       precision=precision, keep=keep)
+    net = load_network(path, resident=resident, stored=stored_budget(cfg), dtype=dtype, device=device,
+                       progress=progress, precision=precision, keep=keep)
     return ElasticModel(net, {k: b for k, b in budgets.items() if b.fits_in(resident)}, path, Tokenizer.from_dir(path))

@@ -32,17 +32,18 @@ import json
 from pathlib import Path
 
 from ..checkpoint.files import CheckpointError, TensorInfo
-from ..checkpoint.load import checkpoint_tensors, expected_shapes, stored_budget
+from ..checkpoint.load import checkpoint_tensors
 from ..elastic.table import read_budgets
 from ..model.budget import Budget
 from ..model.config import NemotronHConfig
+from ..model.cost import PREFILL_CHUNK, arch_shape
+from ..model.schema import expected_shapes, stored_budget
 from ..quant.scheme import is_quantized, module_of, read_quant_config, weight_bytes
-from .planner import PRECISIONS, ArchShape, Plan, WeightOption, Workload, plan
+from .planner import PRECISIONS, Plan, WeightOption, Workload, plan
 from .probe import probe_machine
 from .profiles import GIB, Profile, get_profile, profile_from_probe
 
 STAR_ELASTIC = Path(__file__).resolve().parents[1] / "catalog" / "star-elastic"
-PREFILL_CHUNK = 1024  # NemotronH(prefill_chunk=1024): tokens per prefill step
 COMPUTE_BYTES = 2  # bf16: KV cache, conv state and activations are in the compute dtype
 _QUANT_DTYPES = {"U8", "F8_E4M3"}  # what a quantized Linear weight is stored as (NVFP4 packed bytes, FP8)
 
@@ -62,33 +63,6 @@ def runtime_workload(context: int = 32768, caches: int = 2, batch: int = 1,
     return Workload(context=context, batch=batch, caches=caches, prefill_chunk=PREFILL_CHUNK, logits_tokens=1,
                     kv_dtype_bytes=COMPUTE_BYTES, conv_dtype_bytes=COMPUTE_BYTES, act_bytes=COMPUTE_BYTES,
                     margin_bytes=margin_bytes)
-
-
-def arch_shape(cfg: NemotronHConfig, b: Budget) -> ArchShape:
-    """The sizes of a budget that drive cache and workspace memory. A heterogeneous budget's per-layer
-    sizes are summarised by their largest value: an upper bound on its Mamba state and workspace."""
-    on = [s for s in b.layers if s.enabled]
-
-    def most(kind: str, axis: str) -> int:
-        return max((getattr(s, axis) for s in on if s.kind == kind), default=0)
-
-    heads = most("M", "mamba_heads")
-    return ArchShape(
-        hidden_size=b.hidden, vocab_size=cfg.vocab_size,
-        attn_layers=sum(s.kind == "*" for s in on), attn_heads=most("*", "attention_heads"),
-        kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-        mamba_layers=sum(s.kind == "M" for s in on), mamba_heads=heads, mamba_head_dim=cfg.mamba_head_dim,
-        ssm_state=cfg.ssm_state_size, conv_dim=heads * cfg.mamba_head_dim + 2 * cfg.n_groups * cfg.ssm_state_size,
-        conv_kernel=cfg.conv_kernel, mamba_chunk=cfg.chunk_size,
-        n_experts=most("E", "experts"), moe_topk=cfg.num_experts_per_tok,
-        moe_intermediate=most("E", "expert_channels"), shared_intermediate=most("E", "shared_channels"),
-        mlp_intermediate=most("-", "mlp_channels"),
-    )
-
-
-def budgets_of(cfg: NemotronHConfig, where: str = "config.json") -> dict[str, Budget]:
-    """The budgets a directory holds, largest first (as `elastic_local.load` reads them)."""
-    return read_budgets(cfg, where=where) if cfg.raw.get("elastic") else {"full": stored_budget(cfg)}
 
 
 def weight_tensors(path: Path) -> dict[str, TensorInfo] | None:
@@ -164,7 +138,7 @@ def plan_checkpoint(path: str | Path, profile: Profile, context: int = 32768, ca
     load-time quantization keeps in BF16 (none by default)."""
     path = Path(path)
     cfg = NemotronHConfig.from_dir(path)
-    budgets = budgets_of(cfg, where=str(path / "config.json"))
+    budgets = read_budgets(cfg, where=str(path / "config.json"))
     shapes = {name: arch_shape(cfg, b) for name, b in budgets.items()}
     available = offers(path, cfg)
     options = []

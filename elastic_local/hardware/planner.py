@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
+from ..model.cost import NATIVE_NEEDS, ArchShape, runs_natively
 from .profiles import GIB, MIB, Profile
 
 PRECISIONS = ("bf16", "fp8", "nvfp4")  # best quality first
@@ -49,86 +50,6 @@ CUDA_CONTEXT_BYTES = 500 * MIB  # CUDA context + cuBLAS workspace + allocator sl
 CPU_RUNTIME_BYTES = 512 * MIB
 MIN_MARGIN_BYTES = GIB  # llama.cpp --fit keeps 1 GiB free by default
 MARGIN_FRACTION = 0.05
-
-
-@dataclass(frozen=True)
-class ArchShape:
-    """Sizes of one budget that drive cache and workspace memory (Nemotron-H names in comments)."""
-
-    hidden_size: int
-    vocab_size: int
-    attn_layers: int  # '*' blocks
-    attn_heads: int  # query heads (num_attention_heads)
-    kv_heads: int  # num_key_value_heads
-    head_dim: int
-    mamba_layers: int  # 'M' blocks
-    mamba_heads: int  # mamba_num_heads
-    mamba_head_dim: int
-    ssm_state: int  # ssm_state_size
-    conv_dim: int  # d_inner + 2 * n_groups * ssm_state: the channels the conv1d sees (xBC)
-    conv_kernel: int
-    mamba_chunk: int = 128  # SSD chunk length of the chunked scan
-    n_experts: int = 0  # routed experts resident in this budget ('E' blocks)
-    moe_topk: int = 0
-    moe_intermediate: int = 0
-    shared_intermediate: int = 0  # the shared expert's intermediate size
-    mlp_intermediate: int = 0  # dense '-' blocks
-
-    @property
-    def d_inner(self) -> int:
-        return self.mamba_heads * self.mamba_head_dim
-
-    def kv_bytes(self, context: int, dtype_bytes: int = 2) -> int:
-        """One sequence's KV cache for `context` tokens: K and V of every attention layer."""
-        return 2 * self.attn_layers * self.kv_heads * self.head_dim * context * dtype_bytes
-
-    def state_bytes(self, conv_len: int | None = None, conv_dtype_bytes: int = 4) -> int:
-        """One sequence's Mamba state, constant in context: conv window + fp32 SSM state per layer.
-
-        conv_len defaults to conv_kernel (the last K inputs, SPEC section 3); vLLM keeps conv_kernel - 1.
-        """
-        conv = (self.conv_kernel if conv_len is None else conv_len) * self.conv_dim * conv_dtype_bytes
-        ssm = self.mamba_heads * self.mamba_head_dim * self.ssm_state * 4
-        return self.mamba_layers * (conv + ssm)
-
-    def largest_linear(self) -> int:
-        """Elements of the largest quantizable weight matrix (lm_head and embeddings stay high precision)."""
-        h = self.hidden_size
-        return max(
-            h * (self.d_inner + self.conv_dim + self.mamba_heads),  # Mamba in_proj: z | xBC | dt
-            h * self.attn_heads * self.head_dim,  # q_proj / o_proj
-            h * self.moe_intermediate, h * self.shared_intermediate, h * self.mlp_intermediate,
-        )
-
-    def workspace_bytes(self, tokens: int, logits_tokens: int, act_bytes: int = 2,
-                        dequant: bool = False) -> int:
-        """Peak activation memory of one prefill chunk of `tokens` (batch folded in), one layer at a time.
-
-        Per token, the residual stream (act) plus its fp32 RMSNorm output and fp32 mixer output, plus the
-        widest mixer's intermediates:
-          mamba: in_proj out (d_inner + conv_dim + heads), conv out (conv_dim), y and gated y (2 d_inner)
-                 in fp32; the SSD scan's decay matrix and its C.B-weighted twin (2 x heads x chunk, fp32)
-                 and the per-chunk states (heads x head_dim x state / chunk, fp32)
-          moe:   router scores (n_experts, fp32); per routed slot the gathered input and the output
-                 (2 hidden) and up and activated (2 moe_intermediate); shared expert (2 shared) in act
-          attn:  q, k, v and output ((2 attn_heads + 2 kv_heads) x head_dim) in act; a fused SDPA kernel
-                 (flash / memory-efficient / CPU flash) is assumed: no tokens x context score matrix
-          mlp:   up and activated (2 mlp_intermediate) in act
-        Plus the logits of `logits_tokens` positions, lm_head output and its fp32 copy (vocab x (act + 4)),
-        plus, when the precision is not native, one dequantized weight matrix in bf16.
-        """
-        a = act_bytes
-        stream = self.hidden_size * (a + 4 + 4)
-        mamba = 4 * (self.d_inner + self.conv_dim + self.mamba_heads + self.conv_dim + 2 * self.d_inner)
-        mamba += 4 * 2 * self.mamba_heads * self.mamba_chunk
-        mamba += 4 * self.mamba_heads * self.mamba_head_dim * self.ssm_state // self.mamba_chunk
-        moe = 4 * self.n_experts + a * (self.moe_topk * (2 * self.hidden_size + 2 * self.moe_intermediate)
-                                        + 2 * self.shared_intermediate)
-        attn = a * (2 * self.attn_heads + 2 * self.kv_heads) * self.head_dim
-        mlp = a * 2 * self.mlp_intermediate
-        per_token = stream + max(mamba if self.mamba_layers else 0, moe, attn if self.attn_layers else 0, mlp)
-        logits = logits_tokens * self.vocab_size * (a + 4)
-        return tokens * per_token + logits + (2 * self.largest_linear() if dequant else 0)
 
 
 @dataclass(frozen=True)
@@ -210,26 +131,22 @@ class Plan:
 
 
 def compute_gate(profile: Profile, precision: str) -> tuple[bool, str]:
-    """(native, note): whether this hardware computes `precision` natively, and what happens if not.
-
-    CUDA: bf16 needs sm_80+, fp8 sm_89+ (torch._scaled_mm), nvfp4 sm_100/sm_120 (Blackwell block-scaled
-    GEMM). CPU: torch does bf16 and fp8 matmuls; nvfp4 must be dequantized (SPEC section 5).
-    """
+    """(native, note): whether this runtime computes `precision` natively on the profile's hardware, and
+    what happens if not (the gates are the model's, model/cost.py; `info` reports the same)."""
     cc = profile.compute_capability
+    native = runs_natively(precision, None if profile.kind == "cpu" else cc)
     if profile.kind == "cpu" or cc is None:
-        if precision == "nvfp4":
-            return False, "runs by dequantizing nvfp4 to bf16 on the CPU (memory saving, no speed-up)"
-        return True, f"{precision} matmuls in torch on the CPU"
+        if native:
+            return True, f"{precision} matmuls in torch on the CPU"
+        return False, f"runs by dequantizing {precision} to the compute dtype on the CPU (memory saving, no speed-up)"
     sm = profile.sm
-    if precision == "bf16":
-        if cc >= (8, 0):
-            return True, f"native bf16 on {sm}"
-        return False, f"{sm} has no bf16 compute (needs sm_80+): computes in fp16 or fp32"
-    need, needs = ((8, 9), "sm_89+") if precision == "fp8" else ((10, 0), "sm_100/sm_120")
-    if cc >= need:
+    if native:
         return True, f"native {precision} on {sm}"
-    to = "bf16" if cc >= (8, 0) else "fp16"
-    return False, f"runs by dequantizing {precision} to {to} on {sm} (native: {needs}); saves memory only"
+    if precision == "bf16":
+        return False, f"{sm} has no bf16 compute (needs {NATIVE_NEEDS['bf16']}): computes in fp16 or fp32"
+    to = "bf16" if runs_natively("bf16", cc) else "fp16"
+    return False, (f"runs by dequantizing {precision} to {to} on {sm} (native: {NATIVE_NEEDS[precision]}); "
+                   "saves memory only")
 
 
 def default_overhead(profile: Profile) -> int:

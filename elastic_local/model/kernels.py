@@ -1,87 +1,178 @@
-"""Which implementation runs the Mamba2 scan and convolution.
+"""The seam between the network and fast kernels: each op's implementation, chosen once.
 
-On CUDA tensors, when `mamba_ssm` and `causal_conv1d` import, their kernels run; everywhere else the
-pure-torch reference in ssd.py does. The choice is made per call from the tensor's device and is
-reported by `describe()` (and `elastic-local info`), so a GPU user sees when the kernels are missing.
+Ops: the Mamba2 chunked scan and one-step state update (mamba_ssm), the depthwise causal convolution
+for a prefill and for one token (causal_conv1d), and the scaled matmul of FP8 / NVFP4 weights
+(`torch._scaled_mm`, on GPUs whose compute capability runs the format natively, see model/cost.py).
+A `KernelSet` serves one device type; on any other device, or where it lacks a kernel, the pure-torch
+reference runs (ssd.py; quantized weights dequantize inside the matmul).
+
+`active()` picks the set on first use: ELASTIC_LOCAL_KERNELS=torch forces the torch path; otherwise
+mamba_ssm and causal_conv1d are imported for real, so a build against another torch falls back here
+(and `info` says why) instead of failing inside a forward. `use(kernel_set)` swaps the set: `use(TORCH)`
+forces the torch path, and the tests drive every call below through fakes that check their arguments
+the way the kernels do (tests/kernel_twins.py).
+
+Argument layouts follow the kernels (mamba_ssm 2.2+, causal_conv1d 1.4+): heads are passed group-major
+(head h of n belongs to group h // (n / G)), which is how the scan already sees them (mamba2.py).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import functools
 import logging
-from functools import cache
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from . import ssd
 
 log = logging.getLogger(__name__)
+FORCE_ENV = "ELASTIC_LOCAL_KERNELS"  # "torch": never use the optional kernels
+INSTALL_HINT = "install the CUDA kernels: pip install --no-build-isolation 'elastic-local[cuda]'"
 
 
-@cache
-def _have(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
+@functools.cache
+def cuda_capability(device: torch.device) -> tuple[int, int] | None:
+    """(major, minor) of an NVIDIA GPU; None for CPUs and ROCm."""
+    if device.type != "cuda" or torch.version.cuda is None or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability(device)
 
 
-@cache
-def _ssm_ops():
-    from mamba_ssm.ops.triton.selective_state_update import selective_state_update
-    from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+@dataclass(frozen=True)
+class KernelSet:
+    """The fast implementations for tensors on `device_type`; None where the torch reference runs."""
 
-    log.info("Mamba2 scan: mamba_ssm CUDA kernels")
-    return mamba_chunk_scan_combined, selective_state_update
+    name: str
+    device_type: str = "cuda"
+    chunk_scan: Callable | None = None  # mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined
+    state_update: Callable | None = None  # mamba_ssm.ops.triton.selective_state_update.selective_state_update
+    conv: Callable | None = None  # causal_conv1d.causal_conv1d_fn
+    conv_update: Callable | None = None  # causal_conv1d.causal_conv1d_update
+    scaled_mm: Callable | None = None  # torch._scaled_mm
+    capability: Callable[[torch.device], tuple[int, int] | None] = lambda device: None
+    missing: dict[str, str] = field(default_factory=dict)  # package -> why it did not import
+
+    def op(self, name: str, device: torch.device) -> Callable | None:
+        """The kernel for op `name` on `device`, or None: the torch reference runs."""
+        return getattr(self, name) if device.type == self.device_type else None
 
 
-@cache
-def _conv_ops():
-    from causal_conv1d import causal_conv1d_fn, causal_conv1d_update
+TORCH = KernelSet("torch", device_type="none")
 
-    log.info("Mamba2 convolution: causal_conv1d CUDA kernels")
-    return causal_conv1d_fn, causal_conv1d_update
+
+def _import_cuda_kernels() -> KernelSet:
+    """Import mamba_ssm and causal_conv1d for real; any failure (a missing package, a build against
+    another torch or CUDA, a missing triton) leaves that kernel to the torch reference."""
+    found: dict[str, Callable] = {}
+    missing = {}
+    try:
+        from mamba_ssm.ops.triton.selective_state_update import selective_state_update
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+
+        found.update(chunk_scan=mamba_chunk_scan_combined, state_update=selective_state_update)
+    except Exception as e:  # noqa: BLE001 - an extension built elsewhere raises ImportError, OSError or RuntimeError
+        missing["mamba_ssm"] = f"{type(e).__name__}: {e}"
+    try:
+        from causal_conv1d import causal_conv1d_fn, causal_conv1d_update
+
+        found.update(conv=causal_conv1d_fn, conv_update=causal_conv1d_update)
+    except Exception as e:  # noqa: BLE001
+        missing["causal_conv1d"] = f"{type(e).__name__}: {e}"
+    for package, why in missing.items():
+        log.info("%s unavailable (%s): its op runs the torch reference", package, why)
+    return KernelSet("cuda", "cuda", scaled_mm=torch._scaled_mm, capability=cuda_capability, missing=missing,
+                     **found)
+
+
+_active: KernelSet | None = None
+
+
+def active() -> KernelSet:
+    """The kernel set in use, chosen on first call (module docstring)."""
+    global _active
+    if _active is None:
+        forced = os.environ.get(FORCE_ENV, "").lower() == "torch"
+        _active = TORCH if forced or not torch.cuda.is_available() else _import_cuda_kernels()
+    return _active
+
+
+def use(kernels: KernelSet | None) -> KernelSet | None:
+    """Run with `kernels` from now on (None: choose again on next use); returns the set replaced."""
+    global _active
+    previous, _active = _active, kernels
+    return previous
 
 
 def describe(device: str | torch.device) -> dict[str, str]:
-    """The implementation each Mamba2 op takes on `device`, and why."""
-    cuda = torch.device(device).type == "cuda"
-    scan = "mamba_ssm (CUDA kernels)" if cuda and _have("mamba_ssm") else "torch SSD reference"
-    conv = "causal_conv1d (CUDA kernel)" if cuda and _have("causal_conv1d") else "torch conv1d"
-    out = {"mamba_scan": scan, "mamba_conv": conv}
-    if cuda and not (_have("mamba_ssm") and _have("causal_conv1d")):
-        out["note"] = "install the CUDA kernels: pip install --no-build-isolation 'elastic-local[cuda]'"
+    """What runs each Mamba2 op on `device`, and why not the kernel when it is missing."""
+    k, device = active(), torch.device(device)
+    out = {"kernels": k.name,
+           "mamba_scan": "mamba_ssm (CUDA kernels)" if k.op("chunk_scan", device) else "torch SSD reference",
+           "mamba_conv": "causal_conv1d (CUDA kernel)" if k.op("conv", device) else "torch conv1d"}
+    if device.type == "cuda" and k.missing:
+        out["note"] = "; ".join(f"{p}: {why}" for p, why in k.missing.items()) + f"; {INSTALL_HINT}"
+    elif device.type == "cuda" and k is TORCH:
+        out["note"] = f"torch path forced ({FORCE_ENV}=torch)"
     return out
+
+
+def _channel_last(xt: torch.Tensor) -> torch.Tensor:
+    """x (b, C, T) laid out as causal_conv1d wants it: channels contiguous, the other strides multiples of 8."""
+    if xt.stride(1) == 1 and xt.stride(0) % 8 == 0 and xt.stride(2) % 8 == 0:
+        return xt
+    return xt.transpose(1, 2).contiguous().transpose(1, 2)
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   state: torch.Tensor | None) -> torch.Tensor:
-    """silu(causal depthwise conv) of x [b, T, C]; continues from and updates `state` [b, C, K]."""
-    if x.is_cuda and _have("causal_conv1d"):
-        conv_fn, conv_update = _conv_ops()
-        if state is None:
-            return conv_fn(x.transpose(1, 2), weight, bias, activation="silu").transpose(1, 2)
-        if x.shape[1] == 1:
-            return conv_update(x[:, 0], state, weight, bias, activation="silu")[:, None]
-    return ssd.causal_conv1d(x, weight, bias, state)
+    """silu(causal depthwise conv) of x [b, T, C] with weight [C, K]; continues from and updates `state`
+    [b, C, K] (the last K inputs) in place."""
+    k = active()
+    T, (C, K) = x.shape[1], weight.shape
+    update = k.op("conv_update", x.device)
+    if update is not None and state is not None and T == 1:
+        # state_len K >= width - 1: the kernel shifts the window by one and appends x, as ssd.causal_conv1d does
+        return update(x[:, 0], state, weight, bias, activation="silu")[:, None]
+    conv = k.op("conv", x.device)
+    if conv is None or C % 8 or not 2 <= K <= 4:  # the kernel's limits
+        return ssd.causal_conv1d(x, weight, bias, state)
+    xt = _channel_last(x.transpose(1, 2))  # (b, C, T)
+    init = None
+    if state is not None:  # initial_states: the last K-1 inputs (b, C, K-1), channels contiguous
+        init = _channel_last(state[:, :, 1:].to(x.dtype))
+        state.copy_(torch.cat([state, xt.to(state.dtype)], dim=-1)[:, :, -K:])
+    return conv(xt, weight, bias, initial_states=init, activation="silu").transpose(1, 2)
 
 
 def ssd_scan(x, dt, A, B, C, chunk: int, initial_state: torch.Tensor | None):
-    """Chunked scan; shapes as ssd.ssd_chunked (group-major heads)."""
-    if x.is_cuda and _have("mamba_ssm"):
-        scan, _ = _ssm_ops()
-        b, T, G, r, p = x.shape
-        init = None if initial_state is None else initial_state.reshape(b, G * r, p, -1)
-        y, final = scan(x.reshape(b, T, G * r, p), dt.reshape(b, T, G * r), A.reshape(-1), B, C,
-                        chunk_size=chunk, initial_states=init, return_final_states=True)
-        return y.view(b, T, G, r, p), final.view(b, G, r, p, -1)
-    return ssd.ssd_chunked(x, dt, A, B, C, chunk, initial_state)
+    """Chunked scan; shapes as ssd.ssd_chunked (group-major heads): x [b, T, G, r, p], dt [b, T, G, r]
+    (after softplus), A [G, r], B, C [b, T, G, N], initial_state [b, G, r, p, N] or None."""
+    scan = active().op("chunk_scan", x.device)
+    if scan is None:
+        return ssd.ssd_chunked(x, dt, A, B, C, chunk, initial_state)
+    b, T, G, r, p = x.shape
+    N = B.shape[-1]
+    init = None if initial_state is None else initial_state.reshape(b, G * r, p, N)
+    y, final = scan(x.reshape(b, T, G * r, p), dt.reshape(b, T, G * r), A.reshape(G * r), B, C,
+                    chunk_size=chunk, initial_states=init, return_final_states=True)
+    return y.view(b, T, G, r, p), final.view(b, G, r, p, N)
 
 
 def ssm_step(ssm: torch.Tensor, x, dt, A, B, C) -> torch.Tensor:
-    """One decode step; updates `ssm` [b, G, r, p, N] in place and returns y [b, G, r, p]."""
-    if x.is_cuda and _have("mamba_ssm"):
-        _, step = _ssm_ops()
-        b, G, r, p = x.shape
-        N = ssm.shape[-1]
-        y = step(ssm.view(b, G * r, p, N), x.reshape(b, G * r, p),
-                 dt.reshape(b, G * r, 1).expand(b, G * r, p), A.reshape(-1, 1, 1).expand(G * r, p, N), B, C)
-        return y.view(b, G, r, p)
-    return ssd.ssm_step(ssm, x, dt, A, B, C)
+    """One decode step; updates `ssm` [b, G, r, p, N] in place and returns y [b, G, r, p] (without the
+    D skip). x [b, G, r, p], dt [b, G, r] (after softplus), A [G, r], B, C [b, G, N]."""
+    step = active().op("state_update", x.device)
+    if step is None:
+        return ssd.ssm_step(ssm, x, dt, A, B, C)
+    b, G, r, p = x.shape
+    n, N = G * r, ssm.shape[-1]
+    # Per-head values tied across head_dim as zero-stride views, as mamba_ssm's Mamba2.step passes them
+    # (the kernel then loads them once per head). dt arrives after softplus with its bias added, and the
+    # D skip is added by the caller: the kernel gets a zero dt_bias and D, which it requires.
+    zero = x.new_zeros(()).expand(n, p)
+    y = step(ssm.view(b, n, p, N), x.reshape(b, n, p), dt.reshape(b, n, 1).expand(b, n, p),
+             A.reshape(n, 1, 1).expand(n, p, N), B, C, D=zero, dt_bias=zero, dt_softplus=False)
+    return y.view(b, G, r, p)

@@ -7,6 +7,9 @@ functions, so budgets and precisions never meet in the model code.
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -20,13 +23,23 @@ def block(w, r0: int, r1: int, cols: int):
     return w.block(r0, r1, cols)
 
 
-def _onednn_linear():
-    """oneDNN's linear on CPUs. MKL's matrix-vector product reaches a third of the memory bandwidth on
+@functools.cache
+def _onednn_linear(dtype: torch.dtype):
+    """oneDNN's linear on CPUs for `dtype`, probed on the first matmul (a CPU without bf16 instructions
+    refuses bf16 primitives). MKL's matrix-vector product reaches a third of the memory bandwidth on
     some CPUs (AMD EPYC here: 12 GB/s against oneDNN's 35-75 GB/s), and batch-1 decode is nothing but
-    matrix-vector products. oneDNN copies strided views, so those (smaller budgets) stay with MKL."""
+    matrix-vector products. oneDNN copies strided views, so those (smaller budgets) stay with MKL.
+
+    oneDNN (also torch's CPU convolutions and attention) caches one primitive per input shape, 1024 by
+    default; every prefill chunk attends to a longer cache, so that cache grew by tens of MiB per chunk.
+    Measured on a 290M model at 8192 tokens (benchmarks/bench_memory.py, bench_decode.py 100m): 1024
+    entries hold 1.27x the planned memory; 32 entries 1.09x but prefill and decode slow down (primitives
+    rebuilt); 64 entries 1.13x at full speed. oneDNN reads the capacity when it first runs, and the
+    network's first op that reaches it is this matmul, so it is set here (unless the user set it)."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
     try:
         op = torch.ops.mkldnn._linear_pointwise
-        probe = torch.ones(2, 16)
+        probe = torch.ones(2, 16, dtype=dtype)
         if not torch.backends.mkldnn.is_available() or not torch.allclose(op(probe, probe, None, "none", [], ""),
                                                                             probe @ probe.T):
             return None
@@ -35,7 +48,6 @@ def _onednn_linear():
         return None
 
 
-_ONEDNN = _onednn_linear()
 # oneDNN caches one primitive per input shape; prefill chunks and MoE expert batches come in ever new
 # shapes, so only decode-sized inputs go to it (measured: the cache otherwise grows tens of MiB per chunk)
 ONEDNN_MAX_ROWS = 16
@@ -44,10 +56,10 @@ ONEDNN_MAX_ROWS = 16
 def linear(x: torch.Tensor, w) -> torch.Tensor:
     if isinstance(w, torch.Tensor):
         # oneDNN's op has no backward: weights being trained take F.linear
-        if (_ONEDNN is not None and w.device.type == "cpu" and not w.requires_grad and w.is_contiguous()
-                and x.dtype == w.dtype and w.dtype in (torch.float32, torch.bfloat16)
-                and x.numel() <= ONEDNN_MAX_ROWS * x.shape[-1]):
-            return _ONEDNN(x, w, None, "none", [], "")
+        if (w.device.type == "cpu" and not w.requires_grad and w.is_contiguous() and x.dtype == w.dtype
+                and w.dtype in (torch.float32, torch.bfloat16) and x.numel() <= ONEDNN_MAX_ROWS * x.shape[-1]
+                and (onednn := _onednn_linear(w.dtype)) is not None):
+            return onednn(x, w, None, "none", [], "")
         return F.linear(x, w)
     return w.linear(x)
 

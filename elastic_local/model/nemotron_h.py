@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from .attention import AttentionWeights, KVCache, attention
 from .budget import Budget
 from .config import NemotronHConfig
+from .cost import PREFILL_CHUNK
 from .linear import block, linear, rms_norm
 from .mamba2 import MambaState, MambaWeights, mamba_mixer
 from .moe import MLPWeights, MoEWeights, mlp, moe
@@ -77,7 +78,7 @@ class HybridCache:
 
 class NemotronH:
     def __init__(self, cfg: NemotronHConfig, resident: Budget, embed: torch.Tensor, layers: list[Layer],
-                 norm_f: torch.Tensor, lm_head: torch.Tensor, prefill_chunk: int = 1024):
+                 norm_f: torch.Tensor, lm_head: torch.Tensor, prefill_chunk: int = PREFILL_CHUNK):
         self.cfg, self.resident = cfg, resident
         self.embed, self.layers, self.norm_f, self.lm_head = embed, layers, norm_f, lm_head
         self.prefill_chunk = prefill_chunk

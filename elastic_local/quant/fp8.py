@@ -14,6 +14,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from ..model.cost import NATIVE_CAPABILITY
 from .linear import QuantizedWeight, finite_amax
 
 E4M3_MAX = 448.0
@@ -23,7 +24,8 @@ def quantize_fp8(w: Tensor, name: str = "weight", weight_scale: Tensor | None = 
     """Quantize a [out, in] weight with one fp32 scale (its own, or a given one: a slice quantized with its
     parent's scale equals the slice of the quantized parent)."""
     amax = finite_amax(w, name)
-    scale = amax.float() / E4M3_MAX if weight_scale is None else weight_scale.float()
+    # the scale lives with the codes: `_scaled_mm` takes every operand from one device
+    scale = amax.float() / E4M3_MAX if weight_scale is None else weight_scale.to(w.device, torch.float32)
     if scale == 0:  # all-zero weight: modelopt would compute 0/0; store exact zeros instead
         return FP8Weight(torch.zeros_like(w, dtype=torch.float8_e4m3fn), scale)
     return FP8Weight((w.float() / scale).to(w.dtype).to(torch.float8_e4m3fn), scale)
@@ -44,7 +46,7 @@ class FP8Weight(QuantizedWeight):
     input_scale: Tensor | None = None  # fp32 scalar: calibrated activation amax / 448
 
     fast_kernel: ClassVar[str] = "scaled_mm_fp8"
-    min_capability: ClassVar[tuple[int, int]] = (8, 9)
+    min_capability: ClassVar[tuple[int, int]] = NATIVE_CAPABILITY["fp8"]
 
     @property
     def shape(self) -> torch.Size:
@@ -60,10 +62,10 @@ class FP8Weight(QuantizedWeight):
         out, k = self.shape
         return out % 16 == 0 and k % 16 == 0
 
-    def _fast_linear(self, x: Tensor) -> Tensor:
+    def _fast_linear(self, x: Tensor, scaled_mm) -> Tensor:
         # Per-tensor activation scale: the calibrated one, else this batch's amax.
         scale = self.input_scale
         if scale is None:
             scale = (x.abs().amax().float() / E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
         xq = (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-        return torch._scaled_mm(xq, self.weight.t(), scale_a=scale, scale_b=self.weight_scale, out_dtype=x.dtype)
+        return scaled_mm(xq, self.weight.t(), scale_a=scale, scale_b=self.weight_scale, out_dtype=x.dtype)

@@ -1,15 +1,16 @@
 """Runtime for quantized Linear weights: the packed bytes stay resident, each matmul picks its path.
 
 FP8 runs on `torch._scaled_mm` on compute capability 8.9+, NVFP4 on torch's block-scaled `_scaled_mm`
-on Blackwell (10.0+). Everything else (CPUs, older GPUs) dequantizes a tile of output rows at a time
+on Blackwell (10.0+) (model/cost.py holds the gates, model/kernels.py the kernel and the device's
+capability). Everything else (CPUs, older GPUs) dequantizes a tile of output rows at a time
 inside the matmul: the memory saving stays, the speed-up does not, and no full-precision copy of the
 weight is ever held. Elastic sub-models cut prefix blocks out of the packed tensors as views.
 """
 
 from __future__ import annotations
 
-import functools
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -17,16 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..model import kernels
+
 TILE_ELEMENTS = 1 << 22  # weight elements dequantized at once on the fallback path (16 MiB in fp32)
 DEQUANT_KERNEL = "dequant_matmul"
-
-
-@functools.cache
-def cuda_capability(device: torch.device) -> tuple[int, int] | None:
-    """(major, minor) of an NVIDIA GPU; None for CPUs and ROCm."""
-    if device.type != "cuda" or torch.version.cuda is None:
-        return None
-    return torch.cuda.get_device_capability(device)
 
 
 def finite_amax(w: Tensor, name: str) -> Tensor:
@@ -74,8 +69,8 @@ class QuantizedWeight(ABC):
         """Whether the shape meets the GPU kernel's alignment rules."""
 
     @abstractmethod
-    def _fast_linear(self, x: Tensor) -> Tensor:
-        """x [m, in] @ W.T on the GPU kernel."""
+    def _fast_linear(self, x: Tensor, scaled_mm: Callable) -> Tensor:
+        """x [m, in] @ W.T on the GPU kernel (`torch._scaled_mm` or a stand-in with its contract)."""
 
     def block(self, r0: int, r1: int, cols: int) -> QuantizedWeight:
         """Rows [r0, r1) and the first `cols` inputs, as views of the packed tensors."""
@@ -98,15 +93,19 @@ class QuantizedWeight(ABC):
     def kernel_name(self, device: torch.device | str | None = None) -> str:
         """Which path `linear` takes for inputs on `device` (default: where the weight lives)."""
         device = self.weight.device if device is None else torch.device(device)
-        return self.fast_kernel if self._use_fast(device) else DEQUANT_KERNEL
+        return self.fast_kernel if self._scaled_mm(device) is not None else DEQUANT_KERNEL
 
-    def _use_fast(self, device: torch.device) -> bool:
-        cap = cuda_capability(device)
-        return cap is not None and cap >= self.min_capability and self._kernel_fits()
+    def _scaled_mm(self, device: torch.device) -> Callable | None:
+        """The scaled matmul that runs this weight on `device`, or None: dequantize."""
+        k = kernels.active()
+        mm = k.op("scaled_mm", device)
+        cap = None if mm is None else k.capability(device)
+        return mm if cap is not None and cap >= self.min_capability and self._kernel_fits() else None
 
     def linear(self, x: Tensor) -> Tensor:
-        if self._use_fast(x.device):
-            return self._fast_linear(x.reshape(-1, x.shape[-1])).unflatten(0, x.shape[:-1])
+        mm = self._scaled_mm(x.device)
+        if mm is not None:
+            return self._fast_linear(x.reshape(-1, x.shape[-1]), mm).unflatten(0, x.shape[:-1])
         out, k = self.shape
         rows = max(1, TILE_ELEMENTS // k)
         tiles = [F.linear(x, self._dequantize_rows(r, min(r + rows, out), x.dtype)) for r in range(0, out, rows)]

@@ -16,6 +16,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from ..model.cost import NATIVE_CAPABILITY
 from .linear import TILE_ELEMENTS, QuantizedWeight, finite_amax, to_blocked
 
 BLOCK = 16
@@ -95,7 +96,7 @@ class NVFP4Weight(QuantizedWeight):
     _blocked_scale: Tensor | None = field(default=None, init=False, repr=False)  # swizzled once, on first use
 
     fast_kernel: ClassVar[str] = "scaled_mm_nvfp4"
-    min_capability: ClassVar[tuple[int, int]] = (10, 0)
+    min_capability: ClassVar[tuple[int, int]] = NATIVE_CAPABILITY["nvfp4"]
 
     @property
     def shape(self) -> torch.Size:
@@ -114,7 +115,7 @@ class NVFP4Weight(QuantizedWeight):
         out, k = self.shape
         return out % 16 == 0 and k % 32 == 0
 
-    def _fast_linear(self, x: Tensor) -> Tensor:
+    def _fast_linear(self, x: Tensor, scaled_mm) -> Tensor:
         # Activations get the weight's treatment: per-16 e4m3 scales under one per-tensor scale.
         scale_2 = self.input_scale
         if scale_2 is None:
@@ -124,7 +125,7 @@ class NVFP4Weight(QuantizedWeight):
         if self._blocked_scale is None:
             self._blocked_scale = to_blocked(self.weight_scale)
         fp4 = torch.float4_e2m1fn_x2
-        out = torch._scaled_mm(
+        out = scaled_mm(
             xq.view(fp4),
             self.weight.view(fp4).t(),
             scale_a=to_blocked(xs),

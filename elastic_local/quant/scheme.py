@@ -15,13 +15,13 @@ import re
 
 from ..model.budget import Budget
 from ..model.config import NemotronHConfig
+from ..model.schema import DTYPE_BYTES, expected_shapes, keeps_fp32
 
 PRECISIONS = ("bf16", "fp8", "nvfp4")
 QUANT_ALGO = {"fp8": "FP8", "nvfp4": "NVFP4"}
 GROUP_SIZE = 16
 _LINEAR = re.compile(r"^layers\.\d+\.mixer\.(in_proj|out_proj|[qkvo]_proj|up_proj|down_proj|"
                      r"experts\.\d+\.(up|down)_proj|shared_experts\.(up|down)_proj)\.weight$")
-_FP32 = re.compile(r"(gate\.weight|e_score_correction_bias|A_log|\.D|dt_bias)$")
 
 
 def module_of(name: str) -> str:
@@ -54,7 +54,7 @@ def stored_tensors(name: str, shape: tuple[int, ...], precision: str, keep: list
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; choose from {list(PRECISIONS)}")
     if precision == "bf16" or not is_quantized(name, keep):
-        return {name: ("F32" if _FP32.search(name) else "BF16", shape)}
+        return {name: ("F32" if keeps_fp32(name) else "BF16", shape)}
     stem = name[: -len(".weight")]
     out, k = shape
     if precision == "fp8":
@@ -64,8 +64,6 @@ def stored_tensors(name: str, shape: tuple[int, ...], precision: str, keep: list
 
 
 def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
-    from ..checkpoint.files import DTYPE_BYTES
-
     n = DTYPE_BYTES[dtype]
     for d in shape:
         n *= d
@@ -76,8 +74,6 @@ def weight_bytes(cfg: NemotronHConfig, budget: Budget, precision: str, keep: lis
                  active: bool = False) -> int:
     """Exact bytes of a budget's weights at a precision: the sum of the tensors its file would hold.
     `active`: only what one decoded token reads (the top-k routed experts, one embedding row)."""
-    from ..checkpoint.load import expected_shapes
-
     total = 0
     for name, shape in expected_shapes(cfg, budget).items():
         expert = re.search(r"\.experts\.(\d+)\.", name)

@@ -32,6 +32,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_budget(args: argparse.Namespace) -> int:
+    """Add an unseen budget to a checkpoint trained with `elastic-local train`: its router turns the
+    parameter fraction into per-layer sizes, written to the budget table (no weights change).
+
+    elastic-local budget ./trained 0.6 --name 60pct"""
     from ..elastic.table import budget_entry
     from ..model.config import NemotronHConfig
     from .export import add_budget
@@ -62,7 +66,8 @@ def register(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("budget", help="add an unseen budget to a trained checkpoint, from its router")
+    p = sub.add_parser("budget", help="add an unseen budget to a trained checkpoint, from its router",
+                       description=cmd_budget.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", help="a checkpoint written by `elastic-local train`")
     p.add_argument("fraction", type=float, help="fraction of the full model's parameters, e.g. 0.6")
     p.add_argument("--name", help="the budget's name (default: the fraction)")

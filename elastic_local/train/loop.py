@@ -316,7 +316,7 @@ def train(src: str | Path, out: str | Path, data: list[str], budgets: dict[str, 
     bf16_out = work / "export-bf16" if qad else out
     written = write_trained(net, parent, bf16_out, router, [full] + hard, training, overwrite=bool(qad) or overwrite)
     if qad:
-        from ..quant.quantize import quantize_checkpoint
+        from ..ptq import quantize_checkpoint
 
         calib = work / "calibration.json"
         calib.write_text(json.dumps(train_s.ids[:CALIBRATION_TOKENS].tolist()))

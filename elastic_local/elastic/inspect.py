@@ -7,23 +7,22 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoint.files import CheckpointError, index_tensors
 from ..model import kernels
 from ..model.budget import count_params
 from ..model.config import BLOCK_KINDS, NemotronHConfig
-from .files import DTYPE_BYTES, CheckpointError, index_tensors
+from ..model.cost import NATIVE_CAPABILITY, runs_natively
+from ..model.schema import DTYPE_BYTES, stored_budget
+from ..quant.scheme import PRECISIONS, read_quant_config, weight_bytes
+from .table import budget_entry, read_budgets
 
 
 def describe(path: str | Path) -> dict:
-    from ..elastic.table import budget_entry, read_budgets
-    from ..quant.scheme import PRECISIONS, read_quant_config, weight_bytes
-    from .load import stored_budget
-
     path = Path(path)
     cfg = NemotronHConfig.from_dir(path)
-    full = stored_budget(cfg)
-    total, active = count_params(cfg, full)
+    total, active = count_params(cfg, stored_budget(cfg))
     precision, kept = read_quant_config(path)
-    budgets = read_budgets(cfg, where=str(path / "config.json")) if cfg.raw.get("elastic") else {"full": full}
+    budgets = read_budgets(cfg, where=str(path / "config.json"))
     out: dict = {
         "path": str(path),
         "config": {k: cfg.raw.get(k) for k in ("vocab_size", "hidden_size", "num_attention_heads",
@@ -63,13 +62,13 @@ def describe(path: str | Path) -> dict:
 
 
 def _linear_kernel(precision: str, device: str) -> str:
-    """The matmul path quantized weights take on `device` (see quant/linear.py)."""
+    """The matmul path the stored precision takes on `device`, by the gates the runtime uses
+    (quant/linear.py, model/cost.py): the ones `fit` plans with."""
     if precision == "bf16":
         return "dense (oneDNN / cuBLAS)"
-    from ..quant.linear import cuda_capability
-
-    cap = cuda_capability(torch.device(device)) if device == "cuda" else None
-    need = (8, 9) if precision == "fp8" else (10, 0)
-    if cap is not None and cap >= need:
+    k, dev = kernels.active(), torch.device(device)
+    cap = k.capability(dev) if k.op("scaled_mm", dev) is not None else None
+    if runs_natively(precision, cap):
         return f"{precision} scaled_mm (compute capability {cap[0]}.{cap[1]})"
+    need = NATIVE_CAPABILITY[precision]
     return f"dequantize inside the matmul ({precision} needs compute capability {need[0]}.{need[1]}+ to run natively)"

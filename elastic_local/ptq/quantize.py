@@ -9,27 +9,27 @@ layout: `hf_quant_config.json`, a `quantization_config` in config.json, and the 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from .. import __version__
 from ..checkpoint.files import Reader
-from ..checkpoint.load import checkpoint_tensors, expected_shapes, load_network, stored_budget
+from ..checkpoint.load import checkpoint_tensors, load_network
 from ..checkpoint.write import CheckpointWriter
 from ..elastic.importance import calibration_ids
 from ..elastic.select import select_plan, take
 from ..elastic.slice import prefix_selection
 from ..elastic.table import read_budgets
 from ..model.config import NemotronHConfig
+from ..model.schema import expected_shapes, keeps_fp32, stored_budget
+from ..progress import Progress
+from ..quant.fp8 import E4M3_MAX
+from ..quant.nvfp4 import E2M1_MAX
+from ..quant.scheme import GROUP_SIZE, QUANT_ALGO, is_quantized, module_of, nano_keep, quantize, read_quant_config
+from ..version import __version__
 from .calibrate import input_amax
-from .fp8 import E4M3_MAX
-from .nvfp4 import E2M1_MAX
-from .scheme import GROUP_SIZE, QUANT_ALGO, is_quantized, module_of, nano_keep, quantize, read_quant_config
 
 log = logging.getLogger(__name__)
-Progress = Callable[[int, int, str], None]
 
 
 def exclude_modules(cfg: NemotronHConfig, keep: list[str]) -> list[str]:
@@ -87,8 +87,8 @@ def quantize_checkpoint(src: str | Path, out: str | Path, precision: str, calib:
             src_name = req[0]
             t = take(reader, *req)
             if not is_quantized(src_name, keep_list):
-                if src_name.endswith(("gate.weight", "e_score_correction_bias")):
-                    t = t.float()  # the router stays fp32
+                if keeps_fp32(src_name):
+                    t = t.float()
                 w.add(name, t)
             else:
                 qw = quantize(t, precision, src_name)

@@ -1,0 +1,48 @@
+"""The command line's shared parts: every command's help has an example, the model options reach `load`."""
+
+import argparse
+
+import pytest
+import torch
+from tiny import make_checkpoint, write_tokenizer
+
+from elastic_local.cli import add_model_options, build_parser, load_from_args, main
+from elastic_local.quant import FP8Weight
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def test_every_command_has_help_and_an_example():
+    commands = _subcommands()
+    assert {"info", "fit", "generate", "nest", "slice", "quantize", "profiles", "paths"} <= set(commands)
+    for name, p in commands.items():
+        text = p.format_help()
+        assert p.description and f"elastic-local {name}" in text, f"{name}: no help text with an example"
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("dir")
+    add_model_options(p)
+    return p.parse_args(list(argv))
+
+
+def test_model_options_reach_the_loader(tmp_path):
+    make_checkpoint(tmp_path, seed=3)
+    write_tokenizer(tmp_path)
+    m = load_from_args(_args(str(tmp_path), "--device", "cpu", "--dtype", "bfloat16", "--precision", "fp8"))
+    assert m.net.embed.dtype == torch.bfloat16
+    assert any(isinstance(layer.mixer.in_proj, FP8Weight) for layer in m.net.layers if layer.kind == "M")
+    plain = load_from_args(_args(str(tmp_path)))  # defaults on a CPU: float32, as stored, the largest budget
+    assert plain.net.embed.dtype == torch.float32 and plain.budgets == ["full"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a CPU-only machine gives")
+def test_cuda_without_a_gpu_is_a_clear_error(tmp_path, capsys):
+    make_checkpoint(tmp_path, seed=3)
+    write_tokenizer(tmp_path)
+    assert main(["generate", str(tmp_path), "--prompt", "x", "--device", "cuda"]) == 2
+    assert "sees no CUDA GPU" in capsys.readouterr().err
