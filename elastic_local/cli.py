@@ -281,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     from .batch.cli import register as register_batch
 
     register_batch(sub)
+    from .train.cli import register as register_train
+
+    register_train(sub)
 
     args = parser.parse_args(argv)
     try:

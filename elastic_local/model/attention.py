@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .linear import block, linear
+from .soft import SoftSize
 
 
 @dataclass
@@ -38,7 +39,7 @@ class KVCache:
 
 
 def attention(x: torch.Tensor, w: AttentionWeights, heads: int, cfg, kv: KVCache | None, start: int = 0,
-              lengths: torch.Tensor | None = None) -> torch.Tensor:
+              lengths: torch.Tensor | None = None, soft: SoftSize | None = None) -> torch.Tensor:
     """Attention over the active `heads` query heads. With a cache, every row has `start` tokens cached,
     or, for one-token decode steps of rows at different positions, `lengths[b]` tokens."""
     bsz, T, d = x.shape
@@ -77,4 +78,6 @@ def attention(x: torch.Tensor, w: AttentionWeights, heads: int, cfg, kv: KVCache
     causal = mask is None and T > 1 and start == 0
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=r > 1)
     out = out.view(bsz, KV, r, T, hd).permute(0, 3, 2, 1, 4).reshape(bsz, T, heads * hd)
+    if soft is not None:  # rank-major head positions, so a prefix of heads is a prefix of positions
+        out = (out.view(bsz, T, heads, hd) * soft.keep(heads).to(out.dtype)[:, None]).view(bsz, T, heads * hd)
     return linear(out, block(w.o_proj, 0, d, heads * hd))

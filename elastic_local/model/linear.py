@@ -43,8 +43,10 @@ ONEDNN_MAX_ROWS = 16
 
 def linear(x: torch.Tensor, w) -> torch.Tensor:
     if isinstance(w, torch.Tensor):
-        if (_ONEDNN is not None and w.device.type == "cpu" and w.is_contiguous() and x.dtype == w.dtype
-                and w.dtype in (torch.float32, torch.bfloat16) and x.numel() <= ONEDNN_MAX_ROWS * x.shape[-1]):
+        # oneDNN's op has no backward: weights being trained take F.linear
+        if (_ONEDNN is not None and w.device.type == "cpu" and not w.requires_grad and w.is_contiguous()
+                and x.dtype == w.dtype and w.dtype in (torch.float32, torch.bfloat16)
+                and x.numel() <= ONEDNN_MAX_ROWS * x.shape[-1]):
             return _ONEDNN(x, w, None, "none", [], "")
         return F.linear(x, w)
     return w.linear(x)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from . import kernels
 from .linear import block, linear
+from .soft import SoftSize
 
 
 @dataclass
@@ -51,7 +52,7 @@ def _group_norm(h: torch.Tensor, weight: torch.Tensor, G: int, p: int, eps: floa
 
 
 def mamba_mixer(x: torch.Tensor, w: MambaWeights, heads: int, cfg, state: MambaState | None,
-                observe: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+                observe: Callable[[torch.Tensor], None] | None = None, soft: SoftSize | None = None) -> torch.Tensor:
     """One Mamba2 mixer with `heads` active heads (a multiple of G); x's width is the active hidden size."""
     bsz, T, d = x.shape
     G, N, p = cfg.n_groups, cfg.ssm_state_size, cfg.mamba_head_dim
@@ -91,7 +92,8 @@ def mamba_mixer(x: torch.Tensor, w: MambaWeights, heads: int, cfg, state: MambaS
         if state is not None:
             state.ssm.copy_(final)
     y = (y + D[..., None] * xs).transpose(2, 3).reshape(bsz, T, k * p)
-    y = _group_norm(y * F.silu(z.float()), w.norm[: k * p].float(), G, p, cfg.layer_norm_epsilon)
+    norm = _group_norm if soft is None else soft.group_norm
+    y = norm(y * F.silu(z.float()), w.norm[: k * p].float(), G, p, cfg.layer_norm_epsilon)
     if observe is not None:
         observe(y)
     return linear(y.to(x.dtype), block(w.out_proj, 0, d, k * p))

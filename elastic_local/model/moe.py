@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from .linear import block, linear
+from .soft import SoftLayer, unit_weights
 
 
 @dataclass
@@ -33,9 +34,12 @@ class MLPWeights:
     down: torch.Tensor  # [D, I]
 
 
-def mlp(x: torch.Tensor, up, down, channels: int) -> torch.Tensor:
+def mlp(x: torch.Tensor, up, down, channels: int, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """down(relu(up x)^2) over the first `channels` channels; `keep` weighs them (soft budgets)."""
     d = x.shape[-1]
     h = F.relu(linear(x, block(up, 0, channels, d))).square()
+    if keep is not None:
+        h = h * keep.to(h.dtype)
     return linear(h, block(down, 0, d, channels))
 
 
@@ -59,17 +63,20 @@ def route(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, experts: int,
     return weights * cfg.routed_scaling_factor, ids
 
 
-def moe(x: torch.Tensor, w: MoEWeights, experts: int, channels: int, shared_channels: int, cfg) -> torch.Tensor:
+def moe(x: torch.Tensor, w: MoEWeights, experts: int, channels: int, shared_channels: int, cfg,
+        soft: SoftLayer | None = None) -> torch.Tensor:
     """Routed experts + shared expert. Tokens are grouped by expert (one sort), then each expert that got
     any token runs once on all of its tokens: the Python loop is over experts, never over tokens."""
+    keep, keep_shared = unit_weights(soft, "expert_channels", channels), unit_weights(soft, "shared_channels",
+                                                                                      shared_channels)
     shape = x.shape
     d = shape[-1]
     flat = x.reshape(-1, d)
     weights, ids = route(flat, w.gate, w.bias, experts, cfg)
     if flat.shape[0] == 1:  # one token (batch-1 decode): just its k experts, no sorting
-        out = sum(mlp(flat, w.up[e], w.down[e], channels) * wt
+        out = sum(mlp(flat, w.up[e], w.down[e], channels, keep) * wt
                   for e, wt in zip(ids[0].tolist(), weights[0].to(x.dtype).unbind()))
-        return out.view(shape) + mlp(x, w.shared_up, w.shared_down, shared_channels)
+        return out.view(shape) + mlp(x, w.shared_up, w.shared_down, shared_channels, keep_shared)
     k = ids.shape[1]
     order = ids.reshape(-1).argsort()
     counts = torch.bincount(ids.reshape(-1), minlength=experts).tolist()
@@ -80,8 +87,8 @@ def moe(x: torch.Tensor, w: MoEWeights, experts: int, channels: int, shared_chan
         if n == 0:
             continue
         rows = token_of[pos:pos + n]
-        h = mlp(flat[rows], w.up[e], w.down[e], channels)
+        h = mlp(flat[rows], w.up[e], w.down[e], channels, keep)
         out.index_add_(0, rows, h.float() * weights.reshape(-1)[order[pos:pos + n], None])
         pos += n
     out = out.to(x.dtype).view(shape)
-    return out + mlp(x, w.shared_up, w.shared_down, shared_channels)
+    return out + mlp(x, w.shared_up, w.shared_down, shared_channels, keep_shared)

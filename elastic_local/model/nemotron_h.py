@@ -20,6 +20,7 @@ from .config import NemotronHConfig
 from .linear import block, linear, rms_norm
 from .mamba2 import MambaState, MambaWeights, mamba_mixer
 from .moe import MLPWeights, MoEWeights, mlp, moe
+from .soft import SoftLayer, unit_weights
 
 Observer = Callable[[int, str, torch.Tensor], None]
 
@@ -139,21 +140,23 @@ class NemotronH:
         return HybridCache(b, states, [0] * batch_size)
 
     def forward(self, ids: torch.Tensor, budget: Budget | None = None, cache: HybridCache | None = None,
-                last_only: bool = False) -> torch.Tensor:
+                last_only: bool = False, soft: list[SoftLayer | None] | None = None) -> torch.Tensor:
         """Logits (float32) of `ids` [B, T]. With a cache, continues the cached sequences and advances them;
         long inputs are prefilled in chunks of `prefill_chunk` tokens to bound activation memory. It builds an
-        autograd graph when weights require grad (training); runtime callers wrap it in inference_mode."""
+        autograd graph when weights require grad (training); runtime callers wrap it in inference_mode.
+        `soft` (router training only, see soft.py): per layer, axes whose size is a mix of candidates."""
         b = self._budget(budget if cache is None else cache.budget)
         if cache is not None and budget is not None and budget != cache.budget:
             raise ValueError(f"this cache belongs to budget {cache.budget.name!r}, not {budget.name!r}")
         T = ids.shape[1]
         if cache is None or T <= self.prefill_chunk:
-            return self._forward(ids, b, cache, last_only)
-        outs = [self._forward(ids[:, i:i + self.prefill_chunk], b, cache, last_only)
+            return self._forward(ids, b, cache, last_only, soft)
+        outs = [self._forward(ids[:, i:i + self.prefill_chunk], b, cache, last_only, soft)
                 for i in range(0, T, self.prefill_chunk)]
         return outs[-1] if last_only else torch.cat(outs, dim=1)
 
-    def _forward(self, ids: torch.Tensor, b: Budget, cache: HybridCache | None, last_only: bool) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, b: Budget, cache: HybridCache | None, last_only: bool,
+                 soft: list[SoftLayer | None] | None = None) -> torch.Tensor:
         cfg, d = self.cfg, b.hidden
         eps = cfg.layer_norm_epsilon
         start, lengths = 0, None
@@ -167,18 +170,20 @@ class NemotronH:
             if not s.enabled:
                 continue
             state = None if cache is None else cache.layers[i]
+            sl = (soft[i] if soft is not None else None) or {}
             x = rms_norm(h, layer.norm[:d], eps)
             if self.observer is not None:
                 self.observer(i, "input", x)
             if s.kind == "M":
                 obs = None if self.observer is None else partial(self.observer, i, "mamba_y")
-                x = mamba_mixer(x, layer.mixer, s.mamba_heads, cfg, state, obs)
+                x = mamba_mixer(x, layer.mixer, s.mamba_heads, cfg, state, obs, sl.get("mamba_heads"))
             elif s.kind == "*":
-                x = attention(x, layer.mixer, s.attention_heads, cfg, state, start, lengths)
+                x = attention(x, layer.mixer, s.attention_heads, cfg, state, start, lengths, sl.get("attention_heads"))
             elif s.kind == "E":
-                x = moe(x, layer.mixer, s.experts, s.expert_channels, s.shared_channels, cfg)
+                x = moe(x, layer.mixer, s.experts, s.expert_channels, s.shared_channels, cfg, sl)
             else:
-                x = mlp(x, layer.mixer.up, layer.mixer.down, s.mlp_channels)
+                keep = unit_weights(sl, "mlp_channels", s.mlp_channels)
+                x = mlp(x, layer.mixer.up, layer.mixer.down, s.mlp_channels, keep)
             h = h + x
         if cache is not None:
             cache.lengths = [n + ids.shape[1] for n in cache.lengths]

@@ -1,0 +1,69 @@
+"""`elastic-local train` (elastic distillation with a budget router) and `elastic-local budget` (an
+unseen budget from the stored router)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..cli import _budgets
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train a nested checkpoint from SRC: every budget distilled from SRC in one run, with a router.
+
+    The same command resumes an interrupted run (state in OUT.train/). Under torchrun each process takes
+    a slice of every batch (PyTorch DDP): torchrun --nproc-per-node 2 -m elastic_local.cli train ...
+    """
+    from .loop import train
+    from .recipe import Recipe
+
+    recipe = Recipe.load(args.recipe, steps=args.steps, seq_len=args.seq_len, seed=args.seed,
+                         batch_size=args.batch_size)
+    out = train(args.src, args.out, args.data, _budgets(args.budget), recipe, qad=args.qad,
+                full_name=args.full_name, device=args.device, overwrite=args.overwrite)
+    if out is not None:
+        table = json.loads((Path(out) / "config.json").read_text())["elastic"]
+        print(f"wrote {out}")
+        for name, kd in table["training"]["heldout_kd"].items():
+            print(f"  {name}: held-out KD {kd:.4f}")
+    return 0
+
+
+def cmd_budget(args: argparse.Namespace) -> int:
+    from ..elastic.table import budget_entry
+    from ..model.config import NemotronHConfig
+    from .export import add_budget
+
+    name = args.name or f"{args.fraction:g}"
+    b = add_budget(args.dir, name, args.fraction)
+    entry = budget_entry(NemotronHConfig.from_dir(args.dir), b)
+    print(f"added budget {name!r} to {args.dir}: {entry['params']:,} parameters ({entry['active_params']:,} active)")
+    print(json.dumps(entry["sizes"]))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="train a nested checkpoint: elastic distillation with a budget router",
+                       description=cmd_train.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("src", help="a Nemotron-H checkpoint directory (teacher and starting point)")
+    p.add_argument("out", help="the nested checkpoint to write")
+    p.add_argument("--data", action="append", required=True, help=".txt text or .jsonl chats; repeatable")
+    p.add_argument("--budget", action="append", default=[], help="NAME=FRACTION of the parameters; repeatable")
+    p.add_argument("--steps", type=int, help="optimizer steps (recipe: 200)")
+    p.add_argument("--seq-len", type=int, help="stage-2 sequence length (recipe: 256)")
+    p.add_argument("--batch-size", type=int, help="sequences per step, all processes together (recipe: 8)")
+    p.add_argument("--recipe", help="a TOML recipe; these options override it")
+    p.add_argument("--qad", choices=("fp8", "nvfp4"), help="quantization-aware distillation; OUT is quantized")
+    p.add_argument("--seed", type=int, help="seed of data order, budgets, Gumbel noise and router init")
+    p.add_argument("--full-name", default="full", help="name of the full budget (default: full)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("budget", help="add an unseen budget to a trained checkpoint, from its router")
+    p.add_argument("dir", help="a checkpoint written by `elastic-local train`")
+    p.add_argument("fraction", type=float, help="fraction of the full model's parameters, e.g. 0.6")
+    p.add_argument("--name", help="the budget's name (default: the fraction)")
+    p.set_defaults(func=cmd_budget)

@@ -1,0 +1,81 @@
+"""Soft prefix masks on the one network: one-hot weights are the runtime's prefix views, mixes are
+differentiable, and gradients reach both the router and the shared weights."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+from tiny import ALIGNED, make_checkpoint
+
+from elastic_local.checkpoint.load import load_network
+from elastic_local.model import Budget
+from elastic_local.model.soft import SoftSize
+from elastic_local.train.loop import Student
+from elastic_local.train.router import Router
+from elastic_local.train.weights import make_trainable
+
+IDS = torch.randint(0, 96, (2, 10), generator=torch.Generator().manual_seed(3))
+CUTS = {"mamba_heads": 4, "attention_heads": 2, "expert_channels": 16, "shared_channels": 32, "mlp_channels": 48}
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory):
+    path = tmp_path_factory.mktemp("soft") / "p"
+    make_checkpoint(path, seed=5, **ALIGNED)
+    return load_network(path)
+
+
+@pytest.mark.parametrize("axis", sorted(CUTS))
+def test_one_hot_soft_size_equals_the_prefix_view(net, axis):
+    full = Budget.full(net.cfg)
+    size = CUTS[axis]
+    layers = [replace(s, **{axis: size}) if getattr(s, axis) else s for s in full.layers]
+    sliced = replace(full, name="cut", layers=tuple(layers))
+    full_size = next(getattr(s, axis) for s in full.layers if getattr(s, axis))
+    sizes = torch.tensor(sorted({size, full_size // 2, full_size}))
+    onehot = (sizes == size).float()
+    soft = [{axis: SoftSize(sizes, onehot)} if getattr(s, axis) else None for s in full.layers]
+    with torch.no_grad():
+        ref = net.forward(IDS, budget=sliced)
+        got = net.forward(IDS, soft=soft)
+        unmasked = net.forward(IDS)
+    assert not torch.allclose(ref, unmasked, atol=1e-3)  # the cut matters
+    torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-5)
+
+
+def test_a_mix_of_sizes_lies_between_its_candidates(net):
+    """Per unit the soft mask is the probability that the unit is kept: weights 0.25/0.75 over an MLP's
+    48 and 64 channels are exactly 0.25 x (48-channel output) + 0.75 x (full output)."""
+    full = Budget.full(net.cfg)
+    i = next(k for k, s in enumerate(full.layers) if s.kind == "-")
+    sizes = torch.tensor([48, 64])
+    soft = [None] * len(full.layers)
+    soft[i] = {"mlp_channels": SoftSize(sizes, torch.tensor([0.25, 0.75]))}
+    from elastic_local.model.moe import mlp
+
+    w = net.layers[i].mixer
+    x = torch.randn(1, 3, 64)
+    mixed = mlp(x, w.up, w.down, 64, soft[i]["mlp_channels"].keep(64))
+    torch.testing.assert_close(mixed, 0.25 * mlp(x, w.up, w.down, 48) + 0.75 * mlp(x, w.up, w.down, 64))
+
+
+def test_gradients_reach_the_router_and_the_shared_weights(tmp_path):
+    make_checkpoint(tmp_path / "p", seed=6, **ALIGNED)
+    net = load_network(tmp_path / "p")
+    teacher = load_network(tmp_path / "p")
+    params = make_trainable(net)
+    router = Router(net.cfg, {"half": 0.5, "big": 0.8})
+    student = Student(net, params, router)
+    with torch.no_grad():
+        tlogp = torch.log_softmax(teacher.forward(IDS), -1)
+    full = float(sum(p.numel() for p in params.values()))
+    loss, kd, cost = student(IDS, torch.ones(IDS.shape), tlogp, 0.5, 0.5 * full, 1.0, 1.0,
+                             torch.Generator().manual_seed(0), float(IDS.numel()), 1.0, 0.05)
+    loss.backward()
+    assert kd > 0 and cost is not None
+    for a, m in router.mlps.items():
+        assert m[0].weight.grad is not None and m[0].weight.grad.abs().sum() > 0, a
+    shared = ["embeddings.weight", "layers.0.mixer.in_proj", "layers.1.mixer.qkv", "layers.2.mixer.up",
+              "layers.4.mixer.up", "lm_head.weight"]
+    for name in shared:
+        assert params[name].grad is not None and params[name].grad.abs().sum() > 0, name
