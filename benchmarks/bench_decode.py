@@ -8,7 +8,11 @@ float32, and runs the same prompt (random token ids, fixed seed) greedily for ex
 
     ours          elastic_local.load(...).forward(ids, cache=cache, last_only=True), prompt in one call,
                   then one token per call, under torch.inference_mode()
-    transformers  NemotronHForCausalLM.generate(greedy, use_cache, min_new_tokens = max_new_tokens)
+    transformers-loop  the same bare loop on transformers: model(ids, cache=cache, use_cache=True,
+                  logits_to_keep=1) + argmax (like for like with ours: neither has generate()'s overhead)
+    transformers  NemotronHForCausalLM.generate(greedy, use_cache, min_new_tokens = max_new_tokens): the
+                  independent reference for `match`; ours / transformers compares a bare loop with a
+                  full generate() and is printed only as that
     llama.cpp     llama-cpp-python on an f32 GGUF converted by llama.cpp's convert_hf_to_gguf.py
 
 Timing (wall clock): prefill = prompt forward + first token (prompt_len / seconds); decode = the other
@@ -225,6 +229,26 @@ class TransformersEngine:
         return t_first - t0, t_last - t_first, seq[0, prompt_ids.shape[1]:].tolist()
 
 
+class TransformersLoopEngine(TransformersEngine):
+    """transformers' network in the same bare prefill + argmax loop as OursEngine."""
+
+    name = "transformers-loop"
+
+    @torch.inference_mode()
+    def run(self, prompt_ids: torch.Tensor, n_new: int) -> Timing:
+        t0 = time.perf_counter()
+        out = self.model(prompt_ids, use_cache=True, logits_to_keep=1)
+        cache, tok = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)  # [1, 1]
+        toks = [int(tok)]
+        t1 = time.perf_counter()
+        for _ in range(n_new - 1):
+            out = self.model(tok, cache=cache, use_cache=True, logits_to_keep=1)
+            tok = out.logits[:, -1].argmax(-1, keepdim=True)
+            toks.append(int(tok))
+        t2 = time.perf_counter()
+        return t1 - t0, t2 - t1, toks
+
+
 class LlamaCppEngine:
     name = "llama.cpp"
 
@@ -242,6 +266,7 @@ class LlamaCppEngine:
 
 ENGINES: dict[str, Callable[..., object]] = {
     "ours": lambda ckpt, n_ctx, threads: OursEngine(ckpt),
+    "transformers-loop": lambda ckpt, n_ctx, threads: TransformersLoopEngine(ckpt),
     "transformers": lambda ckpt, n_ctx, threads: TransformersEngine(ckpt),
     "llama.cpp": LlamaCppEngine,
 }
@@ -360,28 +385,35 @@ def ratio(a: Result | None, b: Result | None, attr: str) -> float | None:
     return getattr(a, attr) / getattr(b, attr)
 
 
+COMPARISONS = {  # engine -> what the ours / engine ratio compares
+    "transformers-loop": "bare loop vs bare loop",
+    "llama.cpp": "bare loop vs bare loop (Llama.eval + argmax)",
+    "transformers": "bare loop vs generate(): not the same work",
+}
+
+
 def print_table(results: list[Result], counts: dict[str, ParamCount], args: argparse.Namespace) -> None:
     print(f"\nbatch 1, float32, prompt {args.prompt_len} tokens, {args.new_tokens} new tokens (greedy), "
           f"{args.threads} threads, median of >= {args.reps} interleaved runs, "
           f"load average before the run {args.load_avg:.2f}")
-    head = f"{'config':<7}{'params':>9}{'read/tok':>10}  {'engine':<13}{'prefill tok/s':>15}" \
+    head = f"{'config':<7}{'params':>9}{'read/tok':>10}  {'engine':<18}{'prefill tok/s':>15}" \
            f"{'decode tok/s':>14}{'spread':>8}{'ms/tok':>8}{'match':>7}  note"
     print(head)
     print("-" * len(head))
     for r in results:
         c = counts[r.config]
         ms = None if r.decode_tok_s is None else 1000 / r.decode_tok_s
-        print(f"{r.config:<7}{c.total / 1e6:>8.1f}M{c.decode / 1e6:>9.1f}M  {r.engine:<13}"
+        print(f"{r.config:<7}{c.total / 1e6:>8.1f}M{c.decode / 1e6:>9.1f}M  {r.engine:<18}"
               f"{fmt(r.prefill_tok_s):>15}{fmt(r.decode_tok_s):>14}{fmt(r.decode_spread, '.0%'):>8}{fmt(ms, '.2f'):>8}"
               f"{fmt(r.match, '.2f'):>7}  {r.note}")
     print()
     for name in dict.fromkeys(r.config for r in results):
         by = {r.engine: r for r in results if r.config == name}
-        for other in ("transformers", "llama.cpp"):
+        for other, what in COMPARISONS.items():
             if by.get("ours") and by.get(other) and by["ours"].decode_tok_s and by[other].decode_tok_s:
                 pre = ratio(by["ours"], by[other], "prefill_tok_s")
                 dec = ratio(by["ours"], by[other], "decode_tok_s")
-                print(f"{name:<7}ours / {other:<13} prefill x{fmt(pre, '.2f')}   decode x{fmt(dec, '.2f')}")
+                print(f"{name:<7}ours / {other:<18} prefill x{fmt(pre, '.2f')}   decode x{fmt(dec, '.2f')}   ({what})")
 
 
 def bandwidth_report(results: list[Result], count: ParamCount, copy_samples: list[float]) -> dict:
@@ -394,7 +426,7 @@ def bandwidth_report(results: list[Result], count: ParamCount, copy_samples: lis
     for r in results:
         if r.config == "100m" and r.decode_tok_s is not None:
             gb_s = bytes_per_tok * r.decode_tok_s / 1e9
-            print(f"  {r.engine:<13} {gb_s:6.2f} GB/s of weights = {gb_s / copy_gb_s:5.1%} of copy bandwidth")
+            print(f"  {r.engine:<18} {gb_s:6.2f} GB/s of weights = {gb_s / copy_gb_s:5.1%} of copy bandwidth")
             out[f"{r.engine}_weight_gb_s"] = gb_s
     return out
 
@@ -402,7 +434,7 @@ def bandwidth_report(results: list[Result], count: ParamCount, copy_samples: lis
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--configs", default="tiny,30m,100m", help=f"comma-separated, from {list(CONFIGS)}")
-    p.add_argument("--engines", default="ours,transformers,llama.cpp", help=f"from {list(ENGINES)}")
+    p.add_argument("--engines", default="ours,transformers-loop,transformers,llama.cpp", help=f"from {list(ENGINES)}")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--reps", type=int, default=5, help="minimum timed runs per engine")
