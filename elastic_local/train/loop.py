@@ -56,17 +56,19 @@ class Student(nn.Module):
     """The trainable network and the router as one module (what DDP wraps). The network is the plain
     NemotronH whose weights are these parameters."""
 
-    def __init__(self, net: NemotronH, params: dict[str, nn.Parameter], router: Router):
+    def __init__(self, net: NemotronH, params: dict[str, nn.Parameter], router: Router,
+                 fixed: dict[float, dict] | None = None):
         super().__init__()
         self.weights = nn.ParameterList(params.values())
         self.router = router
         self.net = net
+        self.fixed = fixed  # fraction -> one-hot weights: configurations kept as they are (QAD of a trained file)
 
     def forward(self, ids, trained, teacher_logp, fraction: float | None, target: float, tau: float, scale: float,
                 noise: torch.Generator, norm: float, cost_lambda: float, dead_zone: float):
         soft, cost_loss, cost = None, torch.zeros((), dtype=torch.float64), None
         if fraction is not None:
-            w = self.router.sample(fraction, tau, scale, noise)
+            w = self.fixed[fraction] if self.fixed else self.router.sample(fraction, tau, scale, noise)
             soft = self.router.soft_layers(w)
             cost = self.router.expected_params(w)
             cost_loss = cost_lambda * F.relu((cost / target - 1).abs() - dead_zone)
@@ -223,9 +225,18 @@ def train(src: str | Path, out: str | Path, data: list[str], budgets: dict[str, 
     torch.manual_seed(recipe.seed)  # the router's initial weights
     router = Router(cfg, budgets, hidden=recipe.router_hidden, heterogeneous=recipe.heterogeneous,
                     max_choices=recipe.max_choices).to(device)
+    fixed = None
+    if qad and (parent / "router.json").is_file():
+        # QAD of a checkpoint `train` wrote: its router and budgets stay (the nested masks are kept)
+        router = Router.load(parent, cfg).to(device)
+        table = read_budgets(cfg, where=str(parent / "config.json"))
+        if sorted(zip(router.names, router.fractions)) != sorted(budgets.items()) or set(router.names) - set(table):
+            raise ValueError(f"--qad on {parent}: give the budgets it was trained with "
+                             f"({', '.join(f'{n}={f:g}' for n, f in zip(router.names, router.fractions))})")
+        fixed = {f: router.weights_of(table[n]) for n, f in zip(router.names, router.fractions)}
     if qad:
         fake_quantize(net, qad, stored_dtypes(parent))
-    student = Student(net, params, router)
+    student = Student(net, params, router, fixed)
     opt = torch.optim.AdamW(params.values(), lr=recipe.lr, weight_decay=0.0)
     ropt = torch.optim.AdamW(router.parameters(), lr=recipe.router_lr, weight_decay=0.0)
 
@@ -289,7 +300,7 @@ def train(src: str | Path, out: str | Path, data: list[str], budgets: dict[str, 
         if recipe.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(params.values(), recipe.grad_clip)
         opt.step()
-        if fraction is not None:
+        if fraction is not None and fixed is None:
             ropt.step()
         if rank == 0:
             prog.update(step, name, float(kd), ids.numel() * world)  # rank 0's share of the batch
