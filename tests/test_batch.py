@@ -215,3 +215,21 @@ def test_duplicate_custom_ids_are_named_by_line(ckpt, tmp_path, capsys):
     assert main(["batch", str(src), str(tmp_path / "out.jsonl"), str(ckpt)]) == 2
     assert "custom_id 'a' is used on lines 1, 3" in capsys.readouterr().err
     assert check_unique(parse(read_lines(src), Checker.for_checkpoint(ckpt).job))
+
+
+def test_progress_line_and_summary():
+    import io
+
+    from elastic_local.batch.progress import ProgressBar, Summary
+
+    s = Summary(requests=10, skipped=2)
+    out = io.StringIO()
+    bar = ProgressBar(s, out, every=0.0)
+    s.add(True, prompt_tokens=5, completion_tokens=40)
+    s.add(False)
+    bar.step(40)
+    line = out.getvalue().splitlines()[-1]
+    assert "4/10 done, 1 errors" in line and "tok/s" in line and "eta" in line and "eta ?" not in line
+    assert "1 done and 1 errors in this run, 2 from before" in s.line() and s.to_dict()["completion_tokens"] == 40
+    s.interrupted = True
+    assert "run the same command to finish" in s.line()

@@ -60,7 +60,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         try:
             if jobs:
                 memory = Memory.of(model, cache_room(model, args.device))
-                for job, outcome in run_jobs(model, jobs, args.max_batch, memory):
+                for job, outcome in run_jobs(model, jobs, args.max_batch, memory, bar.step):
                     if isinstance(outcome, LineError):
                         f.write(error_record(outcome))
                         summary.add(False)

@@ -64,6 +64,11 @@ class ProgressBar:
         self.tty = out.isatty()
         self.every = every if every is not None else (0.2 if self.tty else 10.0)
         self.last = 0.0
+        self.tokens = 0  # generated so far, finished requests or not
+
+    def step(self, tokens: int) -> None:
+        self.tokens += tokens
+        self.show()
 
     def show(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -72,12 +77,12 @@ class ProgressBar:
         self.last = now
         s = self.s
         frac = s.finished / max(s.requests, 1)
-        this_run = s.done + s.errors
         left = s.requests - s.finished
-        eta = _duration(s.seconds / this_run * left) if this_run else "?"
+        elapsed = now - s.t0
+        eta = _duration(elapsed / s.done * left) if s.done else "?"  # errors are written at once: not in the rate
         bar = "#" * int(24 * frac)
         text = (f"batch [{bar:<24}] {s.finished}/{s.requests} done, {s.errors} errors | "
-                f"{s.tokens_per_s:.1f} tok/s | eta {eta}")
+                f"{self.tokens / elapsed if elapsed > 0 else 0:.1f} tok/s | eta {eta}")
         self.out.write(f"\r{text}\x1b[K" if self.tty else text + "\n")
         self.out.flush()
 

@@ -16,11 +16,11 @@ batch empties. That is what Memory.bytes counts.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..engine import ElasticModel
-from ..engine.events import Result
+from ..engine.events import Result, Token
 from ..engine.generate import Generation
 from ..engine.phases import Request
 from .requests import Job, LineError
@@ -57,10 +57,10 @@ def cache_room(model: ElasticModel, device: str = "cpu") -> int:
     return free - default_margin(free) - work
 
 
-def run_jobs(model: ElasticModel, jobs: list[Job], max_batch: int = 32,
-             memory: Memory | None = None) -> Iterator[tuple[Job, Result | LineError]]:
+def run_jobs(model: ElasticModel, jobs: list[Job], max_batch: int = 32, memory: Memory | None = None,
+             on_step: Callable[[int], None] | None = None) -> Iterator[tuple[Job, Result | LineError]]:
     """Run every job with continuous batching; yields (job, Result) as each finishes, or (job, LineError)
-    for one that does not fit in memory even alone."""
+    for one that does not fit in memory even alone. `on_step(tokens)` hears of every step."""
     if max_batch < 1:
         raise ValueError(f"max_batch={max_batch} must be >= 1")
     gen = Generation(model, [], Request())
@@ -91,7 +91,9 @@ def run_jobs(model: ElasticModel, jobs: list[Job], max_batch: int = 32,
                 capacity = cap
             waiting.popleft()
             running[gen.add(job.prompt, job.request)] = job
-        gen.step()
+        events = gen.step()
+        if on_step is not None:
+            on_step(sum(isinstance(e, Token) for e in events))
         for i, result in gen.take_finished():
             yield running.pop(i), result
         if not gen.active:

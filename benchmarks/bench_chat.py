@@ -1,0 +1,146 @@
+"""What the chat app costs: tokens/s of a reply in elastic-chat against `elastic-local generate` on the same
+model and prompt, and the time from launching `elastic-chat` to a ready input; writes a screenshot of a
+reply with folded thinking and a live answer-budget switch.
+
+    .venv/bin/python benchmarks/bench_chat.py [DIR] [--reps 3] [--think 96] [--answer 96]
+
+DIR defaults to the embedded demo model. Both sides run the same greedy generation (same prompt through the
+same chat template, same budgets and token limits), in one process, interleaved, median of --reps:
+- generate: `elastic-local generate DIR --prompt ... --json` (the command, in-process);
+- app: elastic-chat on the loaded model, headless (`App.run_test`), the prompt typed and sent with Enter.
+Tokens/s is the engine's own account of the reply (tokens generated / seconds of the think and answer
+steps, Result.stats), so what the app costs shows as the generation thread slowed by the UI next to it;
+the app's reply wall time runs from Enter to the reply rendered whole.
+Launch to ready: `elastic-chat DIR` started in a tmux pane (80x24) until the footer shows, which the chat
+screen draws once the model is loaded (python start, imports, fit plan, load, first frame).
+The last line is one JSON object with every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+from statistics import median
+
+from elastic_local.tui.app import ElasticChat
+from elastic_local.tui.start import model_dir
+from elastic_local.tui.store import Store
+from elastic_local.tui.widgets.prompt import PromptInput
+
+import elastic_local
+from elastic_local.cli import main as cli
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "Explain in a few sentences why the sky is blue, then list three facts about light."
+
+
+def rate(stats: dict) -> float:
+    n = stats["think_tokens"] - stats["think_inserted"] + stats["answer_tokens"]
+    return n / (stats["think_s"] + stats["answer_s"])
+
+
+def generate_run(path: Path, args) -> dict:
+    out = io.StringIO()
+    with redirect_stdout(out), redirect_stderr(io.StringIO()):
+        cli(["generate", str(path), "--prompt", PROMPT, "--json", "--max-think-tokens", str(args.think),
+             "--max-tokens", str(args.answer)])
+    return json.loads(out.getvalue())["stats"]
+
+
+async def wait_until(pilot, predicate, timeout: float = 600) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise TimeoutError("the reply did not finish")
+        await pilot.pause(0.01)
+
+
+async def app_run(model, args, screenshot: Path | None = None) -> tuple[dict, float]:
+    """One reply in the app: (its stats, seconds from Enter to the reply rendered whole). With `screenshot`,
+    the answer budget is switched down (F3) after a few answer tokens and the screen saved at the end."""
+    app = ElasticChat(model=model, store=Store(), precision="fp32", max_think_tokens=args.think,
+                      max_answer_tokens=args.answer)
+    async with app.run_test(size=(80, 24 if screenshot is None else 30)) as pilot:
+        prompt = app.screen.query_one(PromptInput)
+        prompt.text = PROMPT
+        t0 = time.perf_counter()
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.session.turn is not None)
+        reply = app.session.turn.reply
+        if screenshot is not None:
+            await wait_until(pilot, lambda: reply.rates["answer"].tokens >= 8 or reply.status != "streaming")
+            await pilot.press("f3")
+        await wait_until(pilot, lambda: reply.status != "streaming")
+        await pilot.pause()
+        seconds = time.perf_counter() - t0
+        if screenshot is not None:
+            app.save_screenshot(screenshot.name, str(screenshot.parent))
+        return reply.stats, seconds
+
+
+def launch_to_ready(path: Path, home: Path, reps: int) -> list[float]:
+    """Seconds from starting `elastic-chat DIR` in a tmux pane to its footer on screen."""
+    out = []
+    for i in range(reps):
+        name = f"bench-chat-{os.getpid()}-{i}"
+        t0 = time.perf_counter()
+        subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "80", "-y", "24",
+                        f"env ELASTIC_LOCAL_HOME={home} {sys.executable} -m elastic_local.tui.app {path}"], check=True)
+        try:
+            while "esc Stop" not in subprocess.run(["tmux", "capture-pane", "-p", "-t", name], capture_output=True,
+                                                   text=True).stdout:
+                if time.perf_counter() - t0 > 600:
+                    raise TimeoutError("elastic-chat did not come up in 10 minutes")
+                time.sleep(0.02)
+            out.append(time.perf_counter() - t0)
+        finally:
+            subprocess.run(["tmux", "kill-session", "-t", name], check=False)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("dir", nargs="?", help="checkpoint directory (default: the embedded demo model)")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--think", type=int, default=96, help="think token budget")
+    p.add_argument("--answer", type=int, default=96, help="answer token limit")
+    p.add_argument("--screenshot", type=Path, default=ROOT / "docs" / "elastic-chat.svg")
+    args = p.parse_args()
+    path = model_dir(args.dir)
+    home = Path(tempfile.mkdtemp(prefix="bench-chat-"))
+    os.environ["ELASTIC_LOCAL_HOME"] = str(home)  # the benchmark's history, not the user's
+    model = elastic_local.load(path)
+    print(f"model {path}: budgets {model.budgets}; prompt {PROMPT!r}; think <= {args.think}, answer <= {args.answer}")
+    generate_run(path, args)  # warm-up: first-shape kernels, imports
+    asyncio.run(app_run(model, args))
+    gen, app, wall = [], [], []
+    for _ in range(args.reps):
+        gen.append(rate(generate_run(path, args)))
+        stats, seconds = asyncio.run(app_run(model, args))
+        app.append(rate(stats))
+        wall.append(seconds)
+    g, a = median(gen), median(app)
+    print(f"decode tokens/s   generate {g:7.1f}   app {a:7.1f}   app/generate {a / g:.3f} (cost {1 - a / g:+.1%})")
+    print(f"app reply wall    {median(wall):.2f} s (Enter to the reply rendered whole)")
+    ready = launch_to_ready(path, home, args.reps) if shutil.which("tmux") else []
+    if ready:
+        print(f"launch to ready   {median(ready):.2f} s (elastic-chat in tmux until the chat screen shows)")
+    asyncio.run(app_run(model, args, screenshot=args.screenshot))
+    print(f"screenshot        {args.screenshot}")
+    shutil.rmtree(home, ignore_errors=True)
+    print(json.dumps({"model": str(path), "generate_tps": gen, "app_tps": app, "app_over_generate": a / g,
+                      "app_reply_wall_s": wall, "launch_to_ready_s": ready, "threads": os.cpu_count()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""The app in a child process, for the crash test: sends one message that thinks for long, then prints
+the thinking shown on screen (everything shown has been saved first) and keeps streaming until killed.
+
+    python chat_child.py MODEL_DIR   (ELASTIC_LOCAL_HOME says where the history goes)
+"""
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # tui_util, gen_util
+
+from elastic_local.tui.widgets.message import AssistantMessage  # noqa: E402
+from elastic_local.tui.widgets.prompt import PromptInput  # noqa: E402
+from gen_util import elastic_model  # noqa: E402
+from tui_util import make_app  # noqa: E402
+
+
+async def main(model_dir: str) -> None:
+    app = make_app(elastic_model(Path(model_dir), seed=3), max_think_tokens=100000, ignore_eos=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        prompt = app.screen.query_one(PromptInput)
+        prompt.text = "think until you are killed"
+        await pilot.press("enter")
+        while True:
+            await pilot.pause(0.05)
+            shown = app.screen.query(AssistantMessage)
+            text = "".join(str(w.render()) for w in shown.first().query(".think-text")) if shown else ""
+            if len(text) > 20:
+                print(json.dumps({"shown": text}), flush=True)
+                await asyncio.sleep(3600)
+            if app.session.turn is not None and app.session.turn.reply.status != "streaming":
+                raise SystemExit(f"the reply ended ({app.session.turn.reply.status}) before it was killed")
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1]))

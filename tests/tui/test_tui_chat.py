@@ -1,0 +1,95 @@
+"""The chat app driven with Pilot on a real model: replies, live switches, Esc, history."""
+
+from __future__ import annotations
+
+import pytest
+from elastic_local.tui.store import Store
+from elastic_local.tui.widgets.message import AssistantMessage, SwitchMark
+from elastic_local.tui.widgets.prompt import PromptInput
+from textual.widgets import Collapsible, Markdown
+from tui_util import make_app, wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+async def send(pilot, text: str) -> None:
+    prompt = pilot.app.screen.query_one(PromptInput)
+    prompt.focus()
+    prompt.text = text
+    await pilot.press("enter")
+
+
+def session(pilot):
+    return pilot.app.session
+
+
+async def test_a_message_gets_folded_thinking_and_a_markdown_answer(model):
+    app = make_app(model)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await send(pilot, "hello there")
+        await wait_until(pilot, lambda: session(pilot).turn and session(pilot).turn.reply.status == "done")
+        await pilot.pause()
+        reply = session(pilot).turn.reply
+        assert reply.think and reply.answer
+        message = app.screen.query_one(AssistantMessage)
+        assert message.query_one(Collapsible).collapsed  # folded once the answer started
+        answer = "".join(m.source for m in message.query(Markdown))
+        assert answer == reply.answer
+        stored = Store().conversation(app.screen.conversation_id).messages
+        assert [(m.role, m.status) for m in stored] == [("user", "done"), ("assistant", "done")]
+        assert stored[1].content == reply.answer and stored[1].reasoning == reply.think
+        assert app.screen.query_one(PromptInput).text == ""
+
+
+async def test_a_key_switches_the_answer_budget_mid_reply(model):
+    app = make_app(model, max_answer_tokens=4000, ignore_eos=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await send(pilot, "count")
+        await wait_until(pilot, lambda: session(pilot).turn.reply.rates["answer"].tokens > 0)
+        await pilot.press("f3")  # full -> small, from the next token
+        await wait_until(pilot, lambda: any(m.phase == "answer" for m in session(pilot).turn.reply.marks))
+        await wait_until(pilot, lambda: session(pilot).turn.reply.marks[-1].tokens is not None)
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: session(pilot).turn.reply.status == "stopped")
+        await pilot.pause()
+        reply = session(pilot).turn.reply
+        assert reply.stats["answer_budgets"] == ["full", "small"]
+        mark = reply.marks[-1]
+        assert (mark.phase, mark.budget) == ("answer", "small") and mark.tokens >= 1
+        shown = app.screen.query_one(SwitchMark)
+        assert "answer -> small, caught up" in str(shown.render())
+        footer = str(app.screen.query_one(".reply-footer").render())
+        assert "answer [full->small]" in footer
+        assert session(pilot).budgets["answer"] == "small"  # the next message answers on small too
+
+
+async def test_escape_stops_the_reply_keeps_it_and_restores_the_prompt(model):
+    app = make_app(model, max_think_tokens=4000)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await send(pilot, "think long")
+        await wait_until(pilot, lambda: session(pilot).turn.reply.rates["think"].tokens > 2)
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: session(pilot).turn.reply.status == "stopped")
+        await wait_until(pilot, lambda: app.screen.query_one(PromptInput).text == "think long")
+        reply = session(pilot).turn.reply
+        stored = Store().conversation(app.screen.conversation_id).messages[-1]
+        assert stored.status == "stopped" and stored.reasoning == reply.think and reply.think
+        assert "stopped" in str(app.screen.query_one(".reply-footer").render())
+
+
+async def test_a_new_app_finds_the_conversation_in_the_history(model):
+    app = make_app(model)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await send(pilot, "remember me")
+        await wait_until(pilot, lambda: session(pilot).turn and session(pilot).turn.reply.status == "done")
+        answer = session(pilot).turn.reply.answer
+    again = make_app(model)
+    async with again.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        shown = again.screen.query(AssistantMessage)
+        assert len(shown) == 1 and shown.first().reply.answer == answer
+        titles = [str(item.query_one("Label").render()) for item in again.screen.query("ConversationItem")]
+        assert titles == ["remember me"]
+        await send(pilot, "and again")  # the conversation goes on where it was
+        await wait_until(pilot, lambda: session(pilot).turn and session(pilot).turn.reply.status == "done")
+        assert len(Store().conversation(again.screen.conversation_id).messages) == 4

@@ -1,0 +1,63 @@
+"""End to end in a real terminal: `elastic-chat DIR` under tmux at 80x24, driven with send-keys and read
+with capture-pane. `.ci/run` installs tmux where it is missing."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from elastic_local.tui.store import Store
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (apt-get install -y tmux)")
+
+
+class Tmux:
+    def __init__(self, name: str, command: list[str], env: dict[str, str]):
+        self.name = name
+        exports = " ".join(f"{k}={v}" for k, v in env.items())
+        line = " ".join(command)
+        subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "80", "-y", "24",
+                        f"env {exports} {line}; echo EXITED $?; sleep 60"], check=True)
+
+    def keys(self, *keys: str) -> None:
+        subprocess.run(["tmux", "send-keys", "-t", self.name, *keys], check=True)
+
+    def screen(self) -> str:
+        return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], check=True, capture_output=True,
+                              text=True).stdout
+
+    def wait_for(self, text: str, timeout: float = 120.0) -> str:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            screen = self.screen()
+            if text in screen:
+                return screen
+            time.sleep(0.2)
+        raise AssertionError(f"{text!r} never appeared; the terminal shows:\n{self.screen()}")
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "kill-session", "-t", self.name], check=False)
+
+
+def test_chat_in_a_real_terminal(model_dir, home, tmp_path):
+    t = Tmux(f"elastic-chat-{tmp_path.name}", [sys.executable, "-m", "elastic_local.tui.app", str(model_dir),
+                                               "--max-think-tokens", "6", "--max-tokens", "8"],
+             {"ELASTIC_LOCAL_HOME": str(home)})
+    try:
+        t.wait_for("esc Stop")  # planned, loaded, the chat is up
+        t.keys("hello from tmux", "Enter")
+        screen = t.wait_for("catch-up")  # the stats line: the reply is done
+        assert "█ hello from tmux" in screen and "▶ Thinking" in screen  # thinking folded
+        t.keys("/export", "Enter")
+        t.wait_for("Exported to")
+        t.keys("C-q")
+        t.wait_for("EXITED 0")
+    finally:
+        t.close()
+    [c] = Store().conversations()
+    messages = Store().conversation(c.id).messages
+    assert [m.role for m in messages] == ["user", "assistant"] and messages[1].status == "done"
+    assert [p.suffix for p in sorted((home / "exports").iterdir())] == [".json", ".md"]

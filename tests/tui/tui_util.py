@@ -1,0 +1,25 @@
+"""Helpers of the chat app's tests: the app on a loaded model, and `wait_until` in place of sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from elastic_local.tui.app import ElasticChat
+from elastic_local.tui.store import Store
+
+
+def make_app(model, **options) -> ElasticChat:
+    """The app on a loaded model with the tests' generation limits (the think budget closes thinking)."""
+    defaults = dict(max_think_tokens=8, max_answer_tokens=12, think_close="ok.", precision="fp32")
+    return ElasticChat(model=model, store=Store(), **{**defaults, **options})
+
+
+async def wait_until(pilot, predicate, timeout: float = 30.0) -> None:
+    """Let the app run until `predicate()` holds; fail after `timeout` seconds."""
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {predicate.__doc__ or predicate}")
+        await pilot.pause(0.01)
+    await asyncio.sleep(0)

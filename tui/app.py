@@ -1,0 +1,80 @@
+"""elastic-chat: the terminal chat app. `main` reads the command line; the app shows the loading screen
+(fit pick, progress) and then the chat screen. Tests and benchmarks hand it a loaded model instead."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from textual.app import App
+from textual.binding import Binding
+
+from elastic_local.engine import ElasticModel
+
+from .screens.chat import ChatScreen
+from .screens.load import LoadScreen
+from .session import ChatSession
+from .start import Options, model_dir, parser
+from .store import Store
+
+
+class ElasticChat(App):
+    """Give it `options` (it loads the model) or a loaded `model`."""
+
+    CSS_PATH = "chat.tcss"
+    TITLE = "elastic-chat"
+    BINDINGS = [Binding("ctrl+q", "quit", "Quit", show=False, priority=True)]
+    ENABLE_COMMAND_PALETTE = False  # every action has a key (F1 lists them); the footer needs the room
+
+    def __init__(self, options: Options | None = None, model: ElasticModel | None = None,
+                 store: Store | None = None, precision: str = "", **session_options):
+        super().__init__()
+        if (options is None) == (model is None):
+            raise ValueError("give ElasticChat either options (to load a model) or a loaded model")
+        self.options, self.model, self.store = options, model, store
+        self.precision, self.session_options = precision, session_options
+        self.session: ChatSession | None = None
+
+    def on_mount(self) -> None:
+        self.store = self.store or Store()
+        if self.model is None:
+            self.push_screen(LoadScreen(self.options))
+        else:
+            self.open_chat(self.model)
+
+    def on_load_screen_loaded(self, event: LoadScreen.Loaded) -> None:
+        self.precision = event.pick.precision or ""
+        self.open_chat(event.model)
+
+    def open_chat(self, model: ElasticModel) -> None:
+        self.model = model
+        self.session = ChatSession(model, self.store, precision=self.precision, **self.session_options)
+        context = self.options.context if self.options is not None else 0
+        screen = ChatScreen(self.session, self.store, context)
+        if isinstance(self.screen, LoadScreen):
+            self.switch_screen(screen)
+        else:
+            self.push_screen(screen)
+
+    def on_unmount(self) -> None:
+        if self.session is not None:
+            self.session.cancel()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        options = Options(model_dir(args.dir), args.profile, args.context, args.budget, args.precision, args.device)
+        store = Store(Path(args.history) if args.history else None)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"elastic-chat: error: {e}", file=sys.stderr)
+        return 2
+    app = ElasticChat(options, store=store, think_budget=args.think_budget, answer_budget=args.answer_budget,
+                      thinking=not args.no_think, max_think_tokens=args.max_think_tokens,
+                      max_answer_tokens=args.max_tokens)
+    app.run()
+    return app.return_code or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Screens: loading (fit pick and progress), chat, help, rename."""

@@ -1,0 +1,90 @@
+"""What `elastic-chat` does before the chat opens: find the model, ask the fit planner what this machine
+(or a profile) runs, and load that with progress. The planner and the loader are the library's."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+import elastic_local
+from elastic_local.checkpoint.load import Progress
+from elastic_local.engine import ElasticModel
+from elastic_local.hardware import Plan, get_profile
+from elastic_local.hardware.fit import plan_checkpoint, summary
+from elastic_local.hardware.profiles import GIB
+
+DEMO_DIR = Path(elastic_local.__file__).resolve().parent / "catalog" / "demo"
+
+
+@dataclass
+class Options:
+    dir: Path
+    profile: str = "auto"
+    context: int = 4096
+    budget: str | None = None  # None: the planner's pick
+    precision: str | None = None  # None: the planner's pick
+    device: str = "cpu"
+
+
+@dataclass
+class Pick:
+    """What will be loaded, and why (the planner's sentence and the memory it predicts)."""
+
+    budget: str | None
+    precision: str | None
+    why: str
+    memory: str
+
+    @property
+    def line(self) -> str:
+        return f"budget {self.budget or 'stored'}, precision {self.precision or 'stored'}, {self.memory}"
+
+
+def model_dir(arg: str | None) -> Path:
+    """DIR, or the embedded demo model; a clear error when neither is there."""
+    path = Path(arg) if arg else DEMO_DIR
+    if not (path / "config.json").is_file():
+        if arg:
+            raise FileNotFoundError(f"{path}: no config.json; point elastic-chat at a checkpoint directory")
+        raise FileNotFoundError(f"this install has no embedded demo model ({DEMO_DIR}); run "
+                                "`elastic-chat DIR` with a checkpoint directory (config.json, *.safetensors, "
+                                "tokenizer.json)")
+    return path
+
+
+def plan(o: Options) -> tuple[Plan, Pick]:
+    """The fit planner's view of the model on the machine, and the pick (options given win over it)."""
+    p = plan_checkpoint(o.dir, get_profile(o.profile), context=o.context)
+    c = p.pick
+    if c is None and (o.budget is None or o.precision is None):
+        raise ValueError(summary(p))
+    budget = o.budget or c.budget
+    precision = o.precision or c.precision
+    chosen = next((x for x in p.candidates if x.budget == budget and x.precision == precision), None)
+    memory = ("memory ? (not a candidate of the plan)" if chosen is None else
+              f"memory {chosen.total_bytes / GIB:.2f} of {p.available_bytes / GIB:.2f} GiB")
+    return p, Pick(budget, precision, summary(p), memory)
+
+
+def load(o: Options, pick: Pick, progress: Progress | None = None) -> ElasticModel:
+    return elastic_local.load(o.dir, budget=pick.budget, precision=pick.precision, device=o.device,
+                              progress=progress)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="elastic-chat", description="Chat with an elastic reasoning model in the "
+                                "terminal: budgets of thinking and answering switched live, history kept.")
+    p.add_argument("dir", nargs="?", help="checkpoint directory (default: the embedded demo model)")
+    p.add_argument("--profile", default="auto", help="hardware profile the fit planner plans for (auto: this machine)")
+    p.add_argument("--context", type=int, default=4096, help="tokens of context to plan for (default 4096)")
+    p.add_argument("--budget", help="resident budget (default: the planner's pick)")
+    p.add_argument("--precision", choices=["bf16", "fp8", "nvfp4"], help="weights' precision (default: the pick)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument("--think-budget", help="budget that thinks (default: the largest resident one)")
+    p.add_argument("--answer-budget", help="budget that answers (default: the largest resident one)")
+    p.add_argument("--max-think-tokens", type=int, default=1024, help="think token budget (default 1024)")
+    p.add_argument("--max-tokens", type=int, default=1024, help="answer token limit (default 1024)")
+    p.add_argument("--no-think", action="store_true", help="start with thinking off")
+    p.add_argument("--history", help="history file (default: chat.sqlite3 in `elastic-local paths`' data dir)")
+    return p

@@ -1,0 +1,1 @@
+"""The chat screen's widgets: each owns its state and posts messages; the screen wires them."""

@@ -1,0 +1,43 @@
+"""The status bar: the phases' budgets, precision, live tokens/s per phase, tokens in context, memory."""
+
+from __future__ import annotations
+
+import psutil
+from textual.widgets import Static
+
+from ..reply import Reply
+
+GIB = 2**30
+
+
+def memory() -> tuple[int, int]:
+    """(bytes in use, bytes available to use): this process's RSS against the machine's RAM on CPU; the
+    allocator's reserve against the GPU's memory when torch runs on CUDA."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        free, total = torch.cuda.mem_get_info()
+        return torch.cuda.memory_reserved(), total
+    return psutil.Process().memory_info().rss, psutil.virtual_memory().total
+
+
+def rate(r: Reply | None, phase: str) -> str:
+    per_s = None if r is None else r.rates[phase].per_second
+    if per_s is None and r is not None and r.stats:
+        n, s = r.stats[f"{phase}_tokens"], r.stats[f"{phase}_s"]
+        per_s = n / s if s > 0 and n else None
+    return "-" if per_s is None else f"{per_s:.3g}"
+
+
+class StatusBar(Static):
+    """One line; rates are tokens per second of each phase (live while a reply streams)."""
+
+    def show(self, budgets: dict[str, str], thinking: bool, think_tokens: int | None, precision: str,
+             reply: Reply | None, context: int) -> None:
+        used, total = memory()
+        limit = f"≤{think_tokens}" if think_tokens is not None else ""
+        think = f"think {budgets['think']}{limit} {rate(reply, 'think')}/s" if thinking else "think off"
+        ctx = reply.tokens if reply is not None else 0
+        parts = [think, f"answer {budgets['answer']} {rate(reply, 'answer')}/s", precision or "?",
+                 f"ctx {ctx}/{context}" if context else f"ctx {ctx}", f"mem {used / GIB:.1f}/{total / GIB:.0f} GiB"]
+        self.update(" · ".join(parts))
