@@ -129,12 +129,15 @@ class Progress:
               f"ETA {int(eta) // 60}m{int(eta) % 60:02d}s", end=end, file=sys.stderr, flush=True)
 
 
-def _distributed() -> tuple[int, int]:
+def _distributed(device: str) -> tuple[int, int, str]:
+    """(rank, world size, this process's device): NCCL with one GPU per process, gloo on CPUs."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() and os.environ.get("ELASTIC_DEVICE") == "cuda"
-                                else "gloo")
-    return (dist.get_rank(), world) if world > 1 else (0, 1)
+    if world == 1:
+        return 0, 1, device
+    cuda = torch.device(device).type == "cuda"
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    return dist.get_rank(), world, f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if cuda else device
 
 
 def _barrier(world: int) -> None:
@@ -199,7 +202,7 @@ def train(src: str | Path, out: str | Path, data: list[str], budgets: dict[str, 
         raise ValueError(f"--qad {qad!r}: choose fp8 or nvfp4")
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists; choose another output or remove it")
-    rank, world = _distributed()
+    rank, world, device = _distributed(device)
     if recipe.batch_size % world:
         raise ValueError(f"batch_size {recipe.batch_size} must be a multiple of the {world} processes")
     work = out.parent / f"{out.name}.train"
