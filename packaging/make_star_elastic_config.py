@@ -8,23 +8,19 @@ counts from the config and the budget table (quant/scheme.py `weight_bytes`).
 
 What is published and what is derived:
 - The parent config is NVIDIA-Nemotron-3-Nano-30B-A3B's (SPEC section 3), copied field by field below.
-- The budget sizes of the 23B and 12B submodels are not published. They are derived here with
-  elastic-local's own budget search (elastic/search.py), the same search `elastic-local nest` runs:
-  targets are the paper's nominal sizes as fractions of the parent (23/30 and 12/30 of the parent's counted
-  total), cut on the default axes (hidden, Mamba heads, experts, expert and shared-expert channels; all 52
-  layers kept, as in the release). Without weights there are no importance scores, so a prior stands in:
-  *rank-linear* scores, unit k of an axis of n scores (n - k) / n (importance falls with rank, so a cut
-  costs more the deeper it goes, and the greedy search spreads cuts over the axes in proportion to the
-  parameters each holds). The prior was chosen against the one other published number, the active
-  parameters (paper: 2.8B and 2.0B):
-      prior      23B total / active     12B total / active    12B hidden, experts, expert channels
-      linear     24.61B / 3.15B         12.82B / 2.24B        1856, 94, 1408     <- used
-      uniform    24.06B / 2.73B         12.78B / 1.45B        1088, 128, 1856
-  Uniform scores make every cut of an axis cost the same share, so the search cuts only the hidden size
-  (it holds the most parameters per unit) down to 1088, and 12B's active count lands 27% below the paper;
-  the linear prior is within +12% for both. Total bytes, which decide a fit, are pinned by the parameter
-  targets (within 2%) whatever the prior; the split over axes moves KV-free memory very little and the
-  decode-speed ceiling (active bytes) by up to the differences above.
+- Published for the 23B and 12B submodels (SPEC section 2): their total sizes (nominal 23/30 and 12/30 of
+  the parent; the table's targets are those fractions of the parent's counted total), their active
+  parameters (2.8B and 2.0B), all 52 layers kept, and the axes the public recipe nests: embedding channels,
+  Mamba heads, experts, and expert / shared-expert channels. Not published: the size of each axis.
+  Derived here: the sizes are found by a search (no weights, so no importance scores) that meets both
+  published counts within 2% while cutting the axes as evenly as it can: for each hidden size (a multiple
+  of 128), one width fraction for Mamba heads and expert / shared channels is bisected to the published
+  active count, then the expert count is solved for the total; among the hidden sizes that meet both,
+  the one with the smallest sum of squared log keep-fractions over the five axes wins. Mamba heads move
+  in steps of 8 (one head per group), so 23B's small width cut keeps all 64 and 12B keeps 56.
+  An earlier version of this file searched with elastic-local's greedy budget search and a rank-linear
+  importance prior: it never cut the Mamba heads and came to 3.15B / 2.24B active against the paper's
+  2.8B / 2.0B.
 - Consistency check against the paper: three separate BF16 files are said to take 126.1 GB (GiB, as the
   58.9 figure for one file shows: 31.6e9 parameters x 2 bytes = 58.9 GiB); the derived sizes give the
   figure printed by this script (within 2%).
@@ -44,16 +40,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+from dataclasses import replace
 from pathlib import Path
-
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from elastic_local.elastic.importance import Importance  # noqa: E402
-from elastic_local.elastic.search import DEFAULT_AXES, search_budget  # noqa: E402
 from elastic_local.elastic.table import FORMAT_VERSION, budget_entry, read_budgets  # noqa: E402
 from elastic_local.model.budget import Budget, count_params  # noqa: E402
 from elastic_local.model.config import NemotronHConfig  # noqa: E402
@@ -123,54 +117,95 @@ PARENT = {
 
 NOMINAL = {"30B": 30, "23B": 23, "12B": 12}  # the paper's names; the parent is "30B"
 PUBLISHED_ACTIVE = {"30B": 3.6e9, "23B": 2.8e9, "12B": 2.0e9}  # the paper's active counts, for comparison
+AXES = ("hidden", "mamba_heads", "experts", "expert_channels", "shared_channels")  # what the public recipe nests
+PUBLISHED = {
+    "published": "parent config; budget names 30B/23B/12B (totals 23/30 and 12/30 of the parent); active "
+                 "parameters 3.6B/2.8B/2.0B; all 52 layers kept; nested axes: embedding channels, Mamba heads, "
+                 "experts, expert and shared-expert channels",
+    "derived": "every axis size of 23B and 12B (and so their exact params / active_params below): a search "
+               "meeting the published totals and active counts within 2% with the most even cuts",
+}
 NOTE = ("Config-only description of NVIDIA Star Elastic (30B/23B/12B nested in one Nemotron-3-Nano-30B-A3B "
         "checkpoint) for planning with `elastic-local fit`; it holds no weights. The parent config is NVIDIA's. "
-        "The 23B and 12B axis sizes are NOT published by NVIDIA: they are derived by elastic-local's own budget "
-        "search (elastic/search.py) for 23/30 and 12/30 of the parent's counted parameters on the default axes, "
-        "with a rank-linear importance prior (no weights to score), by packaging/make_star_elastic_config.py. "
-        "Total bytes (what decides a fit) are pinned by the parameter targets within 2%; how they split over "
-        "axes (and so active parameters and decode speed) may differ from the release.")
+        "The 23B and 12B axis sizes are NOT published by NVIDIA: they are derived by a search for the published "
+        "total and active parameter counts (within 2%) on the axes the public recipe nests, cutting them as "
+        "evenly as possible, by packaging/make_star_elastic_config.py. See \"published\" for what is which.")
 
 
-PRIORS = {
-    "linear": lambda n: (n - torch.arange(n, dtype=torch.float32)) / n,  # unit k of n scores (n - k) / n
-    "uniform": lambda n: torch.ones(n),
-}
+def _aligned(full: int, fraction: float, step: int, cap: int) -> int:
+    return min(cap, max(step, round(full * fraction / step) * step))
 
 
-def prior_importance(cfg: NemotronHConfig, prior: str = "linear") -> Importance:
-    """Scores for a model without weights, already in nested (descending) order on every axis."""
-    f = PRIORS[prior]
-    imp = Importance(hidden=f(cfg.hidden_size), source=f"{prior} prior (config only, no weights to score)")
-    for i, kind in enumerate(cfg.pattern):
-        if kind == "M":
-            imp.layers[i] = {"mamba_heads": f(cfg.mamba_num_heads)}
-        elif kind == "*":
-            imp.layers[i] = {"attention_heads": f(cfg.num_attention_heads)}
-        elif kind == "E":
-            imp.layers[i] = {"experts": f(cfg.n_routed_experts),
-                             "expert_channels": f(cfg.moe_intermediate_size).expand(cfg.n_routed_experts, -1),
-                             "shared_channels": f(cfg.moe_shared_expert_intermediate_size)}
-        else:
-            imp.layers[i] = {"mlp_channels": f(cfg.intermediate_size)}
-    return imp
+def _sized(cfg: NemotronHConfig, within: Budget, name: str, hidden: int, width: float, experts: int) -> Budget:
+    """`within` cut to `hidden` channels, `width` of its Mamba heads and expert / shared channels, `experts`."""
+    full = Budget.full(cfg)
+    layers = []
+    for s, w, f in zip(within.layers, within.layers, full.layers):
+        if s.kind == "M":
+            s = replace(s, mamba_heads=_aligned(f.mamba_heads, width, cfg.n_groups, w.mamba_heads))
+        elif s.kind == "E":
+            s = replace(s, experts=min(w.experts, experts),
+                        expert_channels=_aligned(f.expert_channels, width, 64, w.expert_channels),
+                        shared_channels=_aligned(f.shared_channels, width, 64, w.shared_channels))
+        layers.append(s)
+    return Budget(name, hidden, tuple(layers))
 
 
-def build(prior: str = "linear") -> tuple[dict, list[Budget], NemotronHConfig]:
+def _for_hidden(cfg: NemotronHConfig, within: Budget, name: str, hidden: int, total: float, active: float) -> Budget:
+    """Width bisected to the active target (all experts kept: experts barely change active), then the
+    expert count that brings the total nearest its target."""
+    experts = next(s.experts for s in within.layers if s.kind == "E")
+    lo, hi = 0.0, 1.0
+    for _ in range(24):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if count_params(cfg, _sized(cfg, within, name, hidden, mid, experts))[1] > active \
+            else (mid, hi)
+    width = min((lo, hi), key=lambda w: abs(count_params(cfg, _sized(cfg, within, name, hidden, w, experts))[1]
+                                            - active))
+    k = cfg.num_experts_per_tok
+    options = [_sized(cfg, within, name, hidden, width, e) for e in range(k, experts + 1)]
+    return min(options, key=lambda b: abs(count_params(cfg, b)[0] - total))
+
+
+def published_budget(cfg: NemotronHConfig, within: Budget, name: str, total: float, active: float) -> Budget:
+    """The most evenly cut budget inside `within` whose total and active counts are within 2% of the
+    published ones (see the module docstring)."""
+    best, best_score = None, math.inf
+    for hidden in range(within.hidden, cfg.hidden_size // 2 - 1, -128):
+        b = _for_hidden(cfg, within, name, hidden, total, active)
+        t, a = count_params(cfg, b)
+        if abs(t / total - 1) > 0.02 or abs(a / active - 1) > 0.02:
+            continue
+        full, kept = Budget.full(cfg), []
+        for s, f in zip(b.layers, full.layers):
+            if s.kind == "M":
+                kept.append(s.mamba_heads / f.mamba_heads)
+            elif s.kind == "E":
+                kept += [s.experts / f.experts, s.expert_channels / f.expert_channels,
+                         s.shared_channels / f.shared_channels]
+        score = math.log(hidden / cfg.hidden_size) ** 2 + sum(math.log(x) ** 2 for x in set(kept))
+        if score < best_score:
+            best, best_score = b, score
+    if best is None:
+        raise ValueError(f"no budget inside {within.name} meets {name}'s published counts within 2%")
+    return best
+
+
+def build() -> tuple[dict, list[Budget], NemotronHConfig]:
     cfg = NemotronHConfig.from_dict(PARENT, source="Nemotron-3-Nano-30B-A3B parent config")
-    imp = prior_importance(cfg, prior)
     parent = count_params(cfg, Budget.full(cfg))[0]
     chosen = [Budget.full(cfg, "30B")]
     for name in ("23B", "12B"):
-        target = round(parent * NOMINAL[name] / NOMINAL["30B"])
-        chosen.append(search_budget(cfg, imp, chosen[-1], name, target, DEFAULT_AXES, heterogeneous=False))
+        total = parent * NOMINAL[name] / NOMINAL["30B"]
+        chosen.append(published_budget(cfg, chosen[-1], name, total, PUBLISHED_ACTIVE[name]))
     config = dict(PARENT)
     config["elastic"] = {
         "format_version": FORMAT_VERSION,
-        "axes": list(DEFAULT_AXES),
+        "axes": list(AXES),
         "heterogeneous": False,
-        "calibration": {"source": imp.source, "tokens": 0},
+        "calibration": {"source": "none (config only, no weights to score)", "tokens": 0},
         "note": NOTE,
+        "published": PUBLISHED,
         "budgets": [budget_entry(cfg, b) for b in chosen],
     }
     return config, chosen, cfg
@@ -196,10 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="exit 1 if the committed file differs")
     ap.add_argument("--out", type=Path, default=OUT)
-    ap.add_argument("--prior", choices=list(PRIORS), default="linear",
-                    help="importance prior (the shipped file uses linear; uniform for comparison)")
     args = ap.parse_args(argv)
-    config, chosen, cfg = build(args.prior)
+    config, chosen, cfg = build()
     text = render(config)
     checked = NemotronHConfig.from_dict(json.loads(text))
     assert list(read_budgets(checked)) == ["30B", "23B", "12B"]  # 16-aligned, nested, largest first

@@ -79,15 +79,16 @@ def test_fit_json_contract_on_every_shipped_profile(no_user_profiles, capsys, na
 
 
 def test_picks_are_sane(no_user_profiles):
-    """RTX 5080 (16 GiB, 1 GiB reserved for the desktop): 12B NVFP4 is 7.7 GiB, 12B FP8 12.6 GiB and with two
-    32K caches, workspace, CUDA context and the 1 GiB margin it still fits (14.8 of 15.0 GiB); 23B NVFP4 (14.2
-    GiB of weights) does not. So 12B in FP8; at 64K, the extra KV pushes it to NVFP4."""
+    """RTX 5080 (16 GiB, 1 GiB reserved for the desktop): 12B NVFP4 is 7.5 GiB, 12B FP8 12.4 GiB and with two
+    32K caches, workspace, CUDA context and the 1 GiB margin it still fits (14.5 of 15.0 GiB); 23B NVFP4 (13.7
+    GiB of weights, 15.9 in all) does not. So 12B in FP8, still at 64K; at 96K, the extra KV pushes it to NVFP4."""
     def pick(profile, context=32768):
         p = fit.plan_checkpoint(fit.STAR_ELASTIC, elastic_local.hardware.get_profile(profile), context=context)
         return p.pick.budget, p.pick.precision
 
     assert pick("rtx5080") == ("12B", "fp8")
-    assert pick("rtx5080", 65536) == ("12B", "nvfp4")
+    assert pick("rtx5080", 65536) == ("12B", "fp8")
+    assert pick("rtx5080", 98304) == ("12B", "nvfp4")
     assert pick("rtx5090") == ("30B", "nvfp4")
     assert pick("h100-80gb") == ("30B", "bf16")
     assert pick("rtx3060-12gb") == ("12B", "nvfp4")

@@ -56,17 +56,19 @@ class Student(nn.Module):
     """The trainable network and the router as one module (what DDP wraps). The network is the plain
     NemotronH whose weights are these parameters."""
 
-    def __init__(self, net: NemotronH, params: dict[str, nn.Parameter], router: Router):
+    def __init__(self, net: NemotronH, params: dict[str, nn.Parameter], router: Router,
+                 fixed: dict[float, dict] | None = None):
         super().__init__()
         self.weights = nn.ParameterList(params.values())
         self.router = router
         self.net = net
+        self.fixed = fixed  # fraction -> one-hot weights: configurations kept as they are (QAD of a trained file)
 
     def forward(self, ids, trained, teacher_logp, fraction: float | None, target: float, tau: float, scale: float,
                 noise: torch.Generator, norm: float, cost_lambda: float, dead_zone: float):
         soft, cost_loss, cost = None, torch.zeros((), dtype=torch.float64), None
         if fraction is not None:
-            w = self.router.sample(fraction, tau, scale, noise)
+            w = self.fixed[fraction] if self.fixed else self.router.sample(fraction, tau, scale, noise)
             soft = self.router.soft_layers(w)
             cost = self.router.expected_params(w)
             cost_loss = cost_lambda * F.relu((cost / target - 1).abs() - dead_zone)
@@ -127,12 +129,15 @@ class Progress:
               f"ETA {int(eta) // 60}m{int(eta) % 60:02d}s", end=end, file=sys.stderr, flush=True)
 
 
-def _distributed() -> tuple[int, int]:
+def _distributed(device: str) -> tuple[int, int, str]:
+    """(rank, world size, this process's device): NCCL with one GPU per process, gloo on CPUs."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() and os.environ.get("ELASTIC_DEVICE") == "cuda"
-                                else "gloo")
-    return (dist.get_rank(), world) if world > 1 else (0, 1)
+    if world == 1:
+        return 0, 1, device
+    cuda = torch.device(device).type == "cuda"
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    return dist.get_rank(), world, f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if cuda else device
 
 
 def _barrier(world: int) -> None:
@@ -197,7 +202,7 @@ def train(src: str | Path, out: str | Path, data: list[str], budgets: dict[str, 
         raise ValueError(f"--qad {qad!r}: choose fp8 or nvfp4")
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists; choose another output or remove it")
-    rank, world = _distributed()
+    rank, world, device = _distributed(device)
     if recipe.batch_size % world:
         raise ValueError(f"batch_size {recipe.batch_size} must be a multiple of the {world} processes")
     work = out.parent / f"{out.name}.train"
@@ -223,9 +228,18 @@ def train(src: str | Path, out: str | Path, data: list[str], budgets: dict[str, 
     torch.manual_seed(recipe.seed)  # the router's initial weights
     router = Router(cfg, budgets, hidden=recipe.router_hidden, heterogeneous=recipe.heterogeneous,
                     max_choices=recipe.max_choices).to(device)
+    fixed = None
+    if qad and (parent / "router.json").is_file():
+        # QAD of a checkpoint `train` wrote: its router and budgets stay (the nested masks are kept)
+        router = Router.load(parent, cfg).to(device)
+        table = read_budgets(cfg, where=str(parent / "config.json"))
+        if sorted(zip(router.names, router.fractions)) != sorted(budgets.items()) or set(router.names) - set(table):
+            raise ValueError(f"--qad on {parent}: give the budgets it was trained with "
+                             f"({', '.join(f'{n}={f:g}' for n, f in zip(router.names, router.fractions))})")
+        fixed = {f: router.weights_of(table[n]) for n, f in zip(router.names, router.fractions)}
     if qad:
         fake_quantize(net, qad, stored_dtypes(parent))
-    student = Student(net, params, router)
+    student = Student(net, params, router, fixed)
     opt = torch.optim.AdamW(params.values(), lr=recipe.lr, weight_decay=0.0)
     ropt = torch.optim.AdamW(router.parameters(), lr=recipe.router_lr, weight_decay=0.0)
 
@@ -289,7 +303,7 @@ def train(src: str | Path, out: str | Path, data: list[str], budgets: dict[str, 
         if recipe.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(params.values(), recipe.grad_clip)
         opt.step()
-        if fraction is not None:
+        if fraction is not None and fixed is None:
             ropt.step()
         if rank == 0:
             prog.update(step, name, float(kd), ids.numel() * world)  # rank 0's share of the batch
