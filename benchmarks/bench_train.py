@@ -27,11 +27,12 @@ import shutil
 import time
 from pathlib import Path
 
+from elastic_local.quant.quantize import quantize_checkpoint
+
 from elastic_local.elastic.nest import nest
 from elastic_local.elastic.table import LAYER_AXES, read_budgets
 from elastic_local.model.budget import count_params
 from elastic_local.model.config import NemotronHConfig
-from elastic_local.quant.quantize import quantize_checkpoint
 from elastic_local.train.export import add_budget
 from elastic_local.train.loop import heldout_kd_of, train
 from elastic_local.train.recipe import Recipe

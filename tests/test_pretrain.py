@@ -53,8 +53,9 @@ def test_exported_checkpoint_is_the_trained_network(tmp_path):
     pretrain.refresh(net, params)
     out = pretrain.write_checkpoint(tmp_path / "out", CONFIG, pretrain.hub_tensors(net, params), None)
     ids = torch.randint(0, 64, (2, 11))
-    with torch.no_grad():
-        assert torch.equal(net.forward(ids), load_network(out, dtype=torch.float32).forward(ids))
+    with torch.no_grad():  # trained weights take F.linear, loaded ones may take oneDNN: last-bit differences
+        torch.testing.assert_close(net.forward(ids), load_network(out, dtype=torch.float32).forward(ids),
+                                   rtol=1e-5, atol=1e-5)
 
 
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):

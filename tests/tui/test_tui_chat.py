@@ -64,7 +64,8 @@ async def test_a_key_switches_the_answer_budget_mid_reply(model):
 
 
 async def test_escape_stops_the_reply_keeps_it_and_restores_the_prompt(model):
-    app = make_app(model, max_think_tokens=4000)
+    # no limit and no eos can end the reply before Escape does (a fast machine otherwise wins the race)
+    app = make_app(model, max_think_tokens=100000, max_answer_tokens=100000, ignore_eos=True)
     async with app.run_test(size=(80, 24)) as pilot:
         await send(pilot, "think long")
         await wait_until(pilot, lambda: session(pilot).turn.reply.rates["think"].tokens > 2)
