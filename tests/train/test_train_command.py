@@ -3,6 +3,7 @@ the file's budgets run as the training-mode hard masks did, an unseen budget is 
 and a run killed with SIGKILL resumes to exactly where an uninterrupted one ends."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -94,8 +95,13 @@ def test_router_interpolates_one_hots_between_trained_budgets(trained):
 
 def test_kill_9_then_the_same_command_ends_where_an_uninterrupted_run_ends(trained):
     root = trained
+    # both runs in subprocesses on one thread: a parallel reduction's order may differ between processes
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    whole = subprocess.run([sys.executable, "-m", "elastic_local.cli", *train_args(root, "whole")],
+                           capture_output=True, text=True, env=env)
+    assert whole.returncode == 0, whole.stderr
     cmd = [sys.executable, "-m", "elastic_local.cli", *train_args(root, "killed")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     latest = root / "killed.train" / "state" / "latest"
     deadline = time.monotonic() + 600
     while not latest.is_file() and proc.poll() is None and time.monotonic() < deadline:
@@ -104,10 +110,10 @@ def test_kill_9_then_the_same_command_ends_where_an_uninterrupted_run_ends(train
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (root / "killed").exists()
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     assert "resuming" in done.stderr
-    a, b = tensors(root / "out"), tensors(root / "killed")
+    a, b = tensors(root / "whole"), tensors(root / "killed")
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
