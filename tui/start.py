@@ -12,9 +12,8 @@ from elastic_local.engine import ElasticModel
 from elastic_local.hardware import Plan, get_profile
 from elastic_local.hardware.fit import plan_checkpoint, summary
 from elastic_local.hardware.profiles import GIB
+from elastic_local.paths import default_model
 from elastic_local.progress import Progress
-
-DEMO_DIR = Path(elastic_local.__file__).resolve().parent / "catalog" / "demo"
 
 
 @dataclass
@@ -42,14 +41,13 @@ class Pick:
 
 
 def model_dir(arg: str | None) -> Path:
-    """DIR, or the embedded demo model; a clear error when neither is there."""
-    path = Path(arg) if arg else DEMO_DIR
+    """DIR, or the embedded demo model (`elastic_local.paths.default_model`); a clear error when it is not there."""
+    if not arg:
+        return default_model()
+    path = Path(arg)
     if not (path / "config.json").is_file():
-        if arg:
-            raise FileNotFoundError(f"{path}: no config.json; point elastic-chat at a checkpoint directory")
-        raise FileNotFoundError(f"this install has no embedded demo model ({DEMO_DIR}); run "
-                                "`elastic-chat DIR` with a checkpoint directory (config.json, *.safetensors, "
-                                "tokenizer.json)")
+        raise FileNotFoundError(f"{path}: no config.json; point elastic-chat at a checkpoint directory "
+                                "(config.json, *.safetensors, tokenizer.json), or give no DIR for the demo model")
     return path
 
 

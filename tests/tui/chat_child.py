@@ -9,19 +9,22 @@ import json
 import sys
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # tui_util, gen_util
+sys.path[:0] = [str(Path(__file__).resolve().parent)]  # tui_util
 
 from elastic_local.tui.widgets.message import AssistantMessage  # noqa: E402
 from elastic_local.tui.widgets.prompt import PromptInput  # noqa: E402
-from gen_util import elastic_model  # noqa: E402
-from tui_util import make_app  # noqa: E402
+from tui_util import QUESTION, make_app  # noqa: E402
+
+import elastic_local  # noqa: E402
 
 
 async def main(model_dir: str) -> None:
-    app = make_app(elastic_model(Path(model_dir), seed=3), max_think_tokens=100000, ignore_eos=True)
+    # no limit and no eos end the reply: it streams until the parent kills the process
+    app = make_app(elastic_local.load(model_dir), max_think_tokens=100000, max_answer_tokens=100000,
+                   ignore_eos=True)
     async with app.run_test(size=(80, 24)) as pilot:
         prompt = app.screen.query_one(PromptInput)
-        prompt.text = "think until you are killed"
+        prompt.text = QUESTION
         await pilot.press("enter")
         while True:
             await pilot.pause(0.05)

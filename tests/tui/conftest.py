@@ -1,10 +1,12 @@
-"""Fixtures of the chat app's tests: a real model (the tiny nested one of the generation tests) and a data
-dir of its own for every test."""
+"""Fixtures of the chat app's tests: the real embedded demo model (the one `elastic-chat` opens with no DIR)
+and a data dir of its own for every test."""
 
 from __future__ import annotations
 
 import pytest
-from gen_util import elastic_model
+
+import elastic_local
+from elastic_local.paths import default_model
 
 
 @pytest.fixture
@@ -14,15 +16,13 @@ def anyio_backend():
 
 
 @pytest.fixture(scope="session")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-chat")
-    elastic_model(path, seed=3)
-    return path
+def model_dir():
+    return default_model()
 
 
 @pytest.fixture(scope="session")
-def model(model_dir):
-    return elastic_model(model_dir, seed=3)
+def model():
+    return elastic_local.load()
 
 
 @pytest.fixture(autouse=True)

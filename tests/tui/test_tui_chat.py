@@ -1,4 +1,4 @@
-"""The chat app driven with Pilot on a real model: replies, live switches, Esc, history."""
+"""The chat app driven with Pilot on the embedded demo model: replies, live switches, Esc, history."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from elastic_local.tui.store import Store
 from elastic_local.tui.widgets.message import AssistantMessage, SwitchMark
 from elastic_local.tui.widgets.prompt import PromptInput
 from textual.widgets import Collapsible, Markdown
-from tui_util import make_app, wait_until
+from tui_util import QUESTION, make_app, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -26,11 +26,12 @@ def session(pilot):
 async def test_a_message_gets_folded_thinking_and_a_markdown_answer(model):
     app = make_app(model)
     async with app.run_test(size=(80, 24)) as pilot:
-        await send(pilot, "hello there")
+        await send(pilot, QUESTION)
         await wait_until(pilot, lambda: session(pilot).turn and session(pilot).turn.reply.status == "done")
         await pilot.pause()
         reply = session(pilot).turn.reply
-        assert reply.think and reply.answer
+        assert "carry" in reply.think  # the demo model adds digit by digit while it thinks
+        assert reply.answer.startswith("347 + 589 = ")
         message = app.screen.query_one(AssistantMessage)
         assert message.query_one(Collapsible).collapsed  # folded once the answer started
         answer = "".join(m.source for m in message.query(Markdown))
@@ -42,36 +43,37 @@ async def test_a_message_gets_folded_thinking_and_a_markdown_answer(model):
 
 
 async def test_a_key_switches_the_answer_budget_mid_reply(model):
-    app = make_app(model, max_answer_tokens=4000, ignore_eos=True)
+    # a short think budget closes thinking early; no limit and no eos can end the answer before the switch
+    app = make_app(model, max_think_tokens=16, max_answer_tokens=4000, ignore_eos=True)
     async with app.run_test(size=(80, 24)) as pilot:
-        await send(pilot, "count")
+        await send(pilot, QUESTION)
         await wait_until(pilot, lambda: session(pilot).turn.reply.rates["answer"].tokens > 0)
-        await pilot.press("f3")  # full -> small, from the next token
+        await pilot.press("f3")  # full -> mid, from the next token
         await wait_until(pilot, lambda: any(m.phase == "answer" for m in session(pilot).turn.reply.marks))
         await wait_until(pilot, lambda: session(pilot).turn.reply.marks[-1].tokens is not None)
         await pilot.press("escape")
         await wait_until(pilot, lambda: session(pilot).turn.reply.status == "stopped")
         await pilot.pause()
         reply = session(pilot).turn.reply
-        assert reply.stats["answer_budgets"] == ["full", "small"]
+        assert reply.stats["answer_budgets"] == ["full", "mid"]
         mark = reply.marks[-1]
-        assert (mark.phase, mark.budget) == ("answer", "small") and mark.tokens >= 1
+        assert (mark.phase, mark.budget) == ("answer", "mid") and mark.tokens >= 1
         shown = app.screen.query_one(SwitchMark)
-        assert "answer -> small, caught up" in str(shown.render())
+        assert "answer -> mid, caught up" in str(shown.render())
         footer = str(app.screen.query_one(".reply-footer").render())
-        assert "answer [full->small]" in footer
-        assert session(pilot).budgets["answer"] == "small"  # the next message answers on small too
+        assert "answer [full->mid]" in footer
+        assert session(pilot).budgets["answer"] == "mid"  # the next message answers on mid too
 
 
 async def test_escape_stops_the_reply_keeps_it_and_restores_the_prompt(model):
     # no limit and no eos can end the reply before Escape does (a fast machine otherwise wins the race)
     app = make_app(model, max_think_tokens=100000, max_answer_tokens=100000, ignore_eos=True)
     async with app.run_test(size=(80, 24)) as pilot:
-        await send(pilot, "think long")
+        await send(pilot, QUESTION)
         await wait_until(pilot, lambda: session(pilot).turn.reply.rates["think"].tokens > 2)
         await pilot.press("escape")
         await wait_until(pilot, lambda: session(pilot).turn.reply.status == "stopped")
-        await wait_until(pilot, lambda: app.screen.query_one(PromptInput).text == "think long")
+        await wait_until(pilot, lambda: app.screen.query_one(PromptInput).text == QUESTION)
         reply = session(pilot).turn.reply
         stored = Store().conversation(app.screen.conversation_id).messages[-1]
         assert stored.status == "stopped" and stored.reasoning == reply.think and reply.think
@@ -81,7 +83,7 @@ async def test_escape_stops_the_reply_keeps_it_and_restores_the_prompt(model):
 async def test_a_new_app_finds_the_conversation_in_the_history(model):
     app = make_app(model)
     async with app.run_test(size=(80, 24)) as pilot:
-        await send(pilot, "remember me")
+        await send(pilot, QUESTION)
         await wait_until(pilot, lambda: session(pilot).turn and session(pilot).turn.reply.status == "done")
         answer = session(pilot).turn.reply.answer
     again = make_app(model)
@@ -90,7 +92,7 @@ async def test_a_new_app_finds_the_conversation_in_the_history(model):
         shown = again.screen.query(AssistantMessage)
         assert len(shown) == 1 and shown.first().reply.answer == answer
         titles = [str(item.query_one("Label").render()) for item in again.screen.query("ConversationItem")]
-        assert titles == ["remember me"]
-        await send(pilot, "and again")  # the conversation goes on where it was
+        assert titles == [QUESTION]
+        await send(pilot, "What is 12 + 30?")  # the conversation goes on where it was
         await wait_until(pilot, lambda: session(pilot).turn and session(pilot).turn.reply.status == "done")
         assert len(Store().conversation(again.screen.conversation_id).messages) == 4

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from elastic_local.tui.store import Store
 from elastic_local.tui.widgets.message import AssistantMessage
-from tui_util import make_app
+from tui_util import QUESTION, make_app
 
 CHILD = Path(__file__).with_name("chat_child.py")
 
@@ -32,7 +32,7 @@ async def test_a_reply_killed_with_sigkill_is_there_on_restart(model, model_dir,
     store = Store()  # opening the history marks the reply the dead process left "streaming" as incomplete
     [conversation] = store.conversations()
     user, reply = store.conversation(conversation.id).messages
-    assert user.content == "think until you are killed"
+    assert user.content == QUESTION
     assert reply.status == "incomplete" and reply.reasoning.startswith(shown)
     app = make_app(model)
     async with app.run_test(size=(80, 24)) as pilot:

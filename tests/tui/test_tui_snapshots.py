@@ -6,33 +6,29 @@ from __future__ import annotations
 import pytest
 from elastic_local.tui.reply import Mark, Reply
 from elastic_local.tui.store import Store
-from tui_util import make_app
+from tui_util import QUESTION, make_app
 
 SIZE = (80, 24)
-ANSWER = """Two steps:
-
-1. **Split** the list in half.
-2. Merge the halves.
-
-```python
-def merge(a, b):
-    return sorted(a + b)
-```"""
-STATS = dict(prompt_tokens=41, prefill_tokens=41, prefill_s=0.05, think_tokens=12, think_inserted=0, think_s=0.1,
-             answer_tokens=60, answer_s=0.9, catch_up_tokens=130, catch_up_s=0.21, transplants=0,
-             think_budgets=["small"], answer_budgets=["full", "small"])
+THINK = """7 + 9 = 16, write 6, carry 1
+4 + 8 + 1 = 13, write 3, carry 1
+3 + 5 + 1 = 9, write 9
+digits from the right: 6 3 9"""
+ANSWER = "347 + 589 = 936"  # the demo model's reply to the question, greedy on the full budget
+STATS = dict(prompt_tokens=22, prefill_tokens=22, prefill_s=0.05, think_tokens=65, think_inserted=0, think_s=1.5,
+             answer_tokens=14, answer_s=0.25, catch_up_tokens=87, catch_up_s=0.21, transplants=0,
+             think_budgets=["full"], answer_budgets=["full", "mid"])
 
 
 @pytest.fixture
 def history(home):
-    """One conversation: a reply with thinking, an answer switched to the small budget in the middle."""
+    """One conversation with the demo model: a reply with thinking, its answer switched to mid in the middle.
+    Timings are pinned here, so the screens do not move with the machine."""
     store = Store()
     store.new_conversation("An older chat")
-    cid = store.new_conversation("Merge sort in two steps")
-    store.add(cid, "user", "How does merge sort work? Be brief.")
-    reply = Reply("small", "small", think="The user wants a short answer. Split, sort, merge.",
-                  answer=ANSWER, status="done", prompt_tokens=41, stats=STATS)
-    reply.marks = [Mark("answer", "small", ANSWER.index("2. Merge"), tokens=130, seconds=0.21)]
+    cid = store.new_conversation(QUESTION)
+    store.add(cid, "user", QUESTION)
+    reply = Reply("full", "full", think=THINK, answer=ANSWER, status="done", prompt_tokens=22, stats=STATS)
+    reply.marks = [Mark("answer", "mid", ANSWER.index("= 936"), tokens=87, seconds=0.21)]
     mid = store.add(cid, "assistant", "", status="streaming")
     store.save_reply(mid, reply.answer, reply.think, reply.status, reply.meta())
     store.close()

@@ -1,5 +1,6 @@
-"""End to end in a real terminal: `elastic-chat DIR` under tmux at 80x24, driven with send-keys and read
-with capture-pane. `.ci/run` installs tmux where it is missing."""
+"""End to end in a real terminal: `elastic-chat` with no DIR (the embedded demo model, as a user first runs
+it) under tmux at 80x24, driven with send-keys and read with capture-pane. `.ci/run` installs tmux where it
+is missing."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from elastic_local.tui.store import Store
@@ -42,15 +44,17 @@ class Tmux:
         subprocess.run(["tmux", "kill-session", "-t", self.name], check=False)
 
 
-def test_chat_in_a_real_terminal(model_dir, home, tmp_path):
-    t = Tmux(f"elastic-chat-{tmp_path.name}", [sys.executable, "-m", "elastic_local.tui.app", str(model_dir),
-                                               "--max-think-tokens", "6", "--max-tokens", "8"],
-             {"ELASTIC_LOCAL_HOME": str(home)})
+ELASTIC_CHAT = Path(sys.executable).with_name("elastic-chat")  # the console script of this install
+
+
+def test_elastic_chat_with_no_dir_answers_in_a_real_terminal(home, tmp_path):
+    t = Tmux(f"elastic-chat-{tmp_path.name}", [str(ELASTIC_CHAT)], {"ELASTIC_LOCAL_HOME": str(home)})
     try:
         t.wait_for("esc Stop")  # planned, loaded, the chat is up
-        t.keys("hello from tmux", "Enter")
+        t.keys("What is 347 + 589?", "Enter")
         screen = t.wait_for("catch-up")  # the stats line: the reply is done
-        assert "█ hello from tmux" in screen and "▶ Thinking" in screen  # thinking folded
+        assert "█ What is 347 + 589?" in screen and "▶ Thinking" in screen  # thinking folded
+        assert "347 + 589 = " in screen  # the demo model's answer
         t.keys("/export", "Enter")
         t.wait_for("Exported to")
         t.keys("C-q")

@@ -8,10 +8,12 @@ import time
 from elastic_local.tui.app import ElasticChat
 from elastic_local.tui.store import Store
 
+QUESTION = "What is 347 + 589?"  # one of the demo model's task families (it thinks digit by digit, then answers)
+
 
 def make_app(model, **options) -> ElasticChat:
-    """The app on a loaded model with the tests' generation limits (the think budget closes thinking)."""
-    defaults = dict(max_think_tokens=8, max_answer_tokens=12, think_close="ok.", precision="fp32")
+    """The app on a loaded model with the tests' generation limits (greedy: the engine's default temperature 0)."""
+    defaults = dict(max_think_tokens=200, max_answer_tokens=40, precision="bf16")
     return ElasticChat(model=model, store=Store(), **{**defaults, **options})
 
 
