@@ -11,7 +11,7 @@ same chat template, same budgets and token limits), in one process, interleaved,
 Tokens/s is the engine's own account of the reply (tokens generated / seconds of the think and answer
 steps, Result.stats), so what the app costs shows as the generation thread slowed by the UI next to it;
 the app's reply wall time runs from Enter to the reply rendered whole.
-Launch to ready: `elastic-chat DIR` started in a tmux pane (80x24) until the footer shows, which the chat
+Launch to ready: `elastic-chat [DIR]` started in a tmux pane (80x24) until the footer shows, which the chat
 screen draws once the model is loaded (python start, imports, fit plan, load, first frame).
 The last line is one JSON object with every number.
 """
@@ -32,6 +32,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from statistics import median
 
+import torch
 from elastic_local.tui.app import ElasticChat
 from elastic_local.tui.start import model_dir
 from elastic_local.tui.store import Store
@@ -41,7 +42,7 @@ import elastic_local
 from elastic_local.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPT = "Explain in a few sentences why the sky is blue, then list three facts about light."
+PROMPT = "What is 347 + 589?"  # one of the embedded demo model's task families
 
 
 def rate(stats: dict) -> float:
@@ -57,20 +58,23 @@ def generate_run(path: Path, args) -> dict:
     return json.loads(out.getvalue())["stats"]
 
 
-async def wait_until(pilot, predicate, timeout: float = 600) -> None:
+async def wait_until(pilot, predicate, every: float = 0.2, timeout: float = 600) -> None:
     """Poll sparingly: a Pilot pause runs the app's whole message loop, which would cost the reply time."""
     end = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > end:
             raise TimeoutError("the reply did not finish")
-        await pilot.pause(0.2)
+        await pilot.pause(every)
 
 
 async def app_run(model, args, screenshot: Path | None = None) -> tuple[dict, float]:
     """One reply in the app: (its stats, seconds from Enter to the reply rendered whole). With `screenshot`,
-    the answer budget is switched down (F3) after a few answer tokens and the screen saved at the end."""
-    app = ElasticChat(model=model, store=Store(), precision="fp32", max_think_tokens=args.think,
-                      max_answer_tokens=args.answer)
+    the reply answers on the smallest budget, F3 switches the answer up to the largest after its first
+    answer tokens (the catch-up shows), and the screen is saved at the end."""
+    budgets = {} if screenshot is None else {"answer_budget": model.budgets[-1]}
+    store = Store(tempfile.mkdtemp(dir=os.environ["ELASTIC_LOCAL_HOME"]) + "/chat.sqlite3")  # a new conversation
+    app = ElasticChat(model=model, store=store, precision="fp32", max_think_tokens=args.think,
+                      max_answer_tokens=args.answer, **budgets)
     async with app.run_test(size=(80, 24 if screenshot is None else 30)) as pilot:
         prompt = app.screen.query_one(PromptInput)
         prompt.text = PROMPT
@@ -78,8 +82,8 @@ async def app_run(model, args, screenshot: Path | None = None) -> tuple[dict, fl
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.session.turn is not None)
         reply = app.session.turn.reply
-        if screenshot is not None:
-            await wait_until(pilot, lambda: reply.rates["answer"].tokens >= 8 or reply.status != "streaming")
+        if screenshot is not None:  # the demo's answers are short: watch closely for the first answer tokens
+            await wait_until(pilot, lambda: reply.rates["answer"].tokens >= 1 or reply.status != "streaming", 0.005)
             await pilot.press("f3")
         await app.workers.wait_for_complete()
         await pilot.pause()
@@ -89,14 +93,15 @@ async def app_run(model, args, screenshot: Path | None = None) -> tuple[dict, fl
         return reply.stats, seconds
 
 
-def launch_to_ready(path: Path, home: Path, reps: int) -> list[float]:
-    """Seconds from starting `elastic-chat DIR` in a tmux pane to its footer on screen."""
+def launch_to_ready(dir: str | None, home: Path, reps: int) -> list[float]:
+    """Seconds from starting `elastic-chat [DIR]` (this install's script) in a tmux pane to its footer on screen."""
+    command = f"{Path(sys.executable).with_name('elastic-chat')} {dir or ''}"
     out = []
     for i in range(reps):
         name = f"bench-chat-{os.getpid()}-{i}"
         t0 = time.perf_counter()
         subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "80", "-y", "24",
-                        f"env ELASTIC_LOCAL_HOME={home} {sys.executable} -m elastic_local.tui.app {path}"], check=True)
+                        f"env ELASTIC_LOCAL_HOME={home} {command}"], check=True)
         try:
             while "esc Stop" not in subprocess.run(["tmux", "capture-pane", "-p", "-t", name], capture_output=True,
                                                    text=True).stdout:
@@ -133,14 +138,15 @@ def main() -> None:
     g, a = median(gen), median(app)
     print(f"decode tokens/s   generate {g:7.1f}   app {a:7.1f}   app/generate {a / g:.3f} (cost {1 - a / g:+.1%})")
     print(f"app reply wall    {median(wall):.2f} s (Enter to the reply rendered whole)")
-    ready = launch_to_ready(path, home, args.reps) if shutil.which("tmux") else []
+    ready = launch_to_ready(args.dir, home, args.reps) if shutil.which("tmux") else []
     if ready:
         print(f"launch to ready   {median(ready):.2f} s (elastic-chat in tmux until the chat screen shows)")
     asyncio.run(app_run(model, args, screenshot=args.screenshot))
     print(f"screenshot        {args.screenshot}")
     shutil.rmtree(home, ignore_errors=True)
     print(json.dumps({"model": str(path), "generate_tps": gen, "app_tps": app, "app_over_generate": a / g,
-                      "app_reply_wall_s": wall, "launch_to_ready_s": ready, "threads": os.cpu_count()}))
+                      "app_reply_wall_s": wall, "launch_to_ready_s": ready,
+                      "torch_threads": torch.get_num_threads()}))
 
 
 if __name__ == "__main__":
