@@ -13,7 +13,7 @@ QUESTION = "What is 347 + 589?"  # one of the demo model's task families (it thi
 
 def make_app(model, **options) -> ElasticChat:
     """The app on a loaded model with the tests' generation limits (greedy: the engine's default temperature 0)."""
-    defaults = dict(max_think_tokens=200, max_answer_tokens=40, precision="bf16")
+    defaults = dict(max_think_tokens=200, max_answer_tokens=40, precision="fp32")  # the demo loads as float32 on CPU
     return ElasticChat(model=model, store=Store(), **{**defaults, **options})
 
 

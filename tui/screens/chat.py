@@ -52,7 +52,9 @@ class ChatScreen(Screen):
         Binding("f3", "cycle('answer')", "Answer", tooltip="next answer budget (smaller, wrapping), live mid-reply"),
         Binding("f4", "toggle_thinking", "Thinking", tooltip="thinking on/off for the next message"),
         Binding("ctrl+n", "new", "New", tooltip="a new conversation"),
-        Binding("ctrl+s", "export", "Export", tooltip="this conversation as Markdown and JSON (data dir/exports)"),
+        # not in the footer, so that F1 Help fits in 80 columns; the help screen and /export have it
+        Binding("ctrl+s", "export", "Export", show=False,
+                tooltip="this conversation as Markdown and JSON (data dir/exports)"),
         Binding("ctrl+l", "chats", "Chats", tooltip="to the conversation list and back"),
         Binding("f1", "help", "Help", tooltip="this help"),
     ]
