@@ -1,7 +1,9 @@
-"""Rebuild the embedded demo model from scratch: corpus -> tokenizer -> parent -> nested budgets.
+"""Rebuild the embedded demo model from scratch: corpus -> tokenizer -> parent -> nested budgets ->
+budgets retrained by elastic distillation (when the recipe has an [elastic] section).
 
     .venv/bin/python packaging/demo/build.py [--recipe packaging/demo/recipe.toml] [--out packaging/demo/build]
-    .venv/bin/python packaging/demo/build.py --ship     # and copy the nested model into elastic_local/catalog/demo
+    .venv/bin/python packaging/demo/build.py --ship     # and copy the final model into elastic_local/catalog/demo
+    .venv/bin/python packaging/demo/build.py --independent small   # baseline: the small shape trained from scratch
 
 Every stage writes its output atomically and is skipped when that output exists, so running the command
 again resumes (training itself resumes from its last saved step). Everything follows from the recipe's
@@ -45,6 +47,60 @@ def model_config(recipe: dict, tokenizer_dir: Path) -> dict:
             "pad_token_id": gen["pad_token_id"]}
 
 
+def train_from_scratch(recipe: dict, config: dict, init_dir: Path, work: Path, target: Path, tok_dir: Path) -> None:
+    """Train the random checkpoint in `init_dir` on the recipe's corpus with the recipe's schedule and
+    write it to `target` in BF16; `work` keeps the resumable state."""
+    import torch
+    from tokenizers import Tokenizer
+
+    from elastic_local.tasks.corpus import chat_text, items
+    from elastic_local.train import pretrain
+
+    seed, corpus = recipe["seed"], recipe["corpus"]
+    log(f"corpus: {corpus['train_items']} training conversations (seed {seed})")
+    pairs = [chat_text(it) for it in items("train", corpus["train_items"], seed)]
+    tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    examples = pretrain.encode_examples(pairs, tok)
+    tc = pretrain.TrainConfig(seed=seed, **{k: (tuple(v) if isinstance(v, list) else v)
+                                            for k, v in recipe["train"].items()})
+    net, params = pretrain.train(init_dir, examples, work, tc, pad_id=tok.token_to_id("<pad>"), log=log)
+    pretrain.write_checkpoint(target, config, pretrain.hub_tensors(net, params), tok_dir, dtype=torch.bfloat16)
+    log(f"written to {target}")
+
+
+def independent(recipe: dict, out: Path, budget: str) -> Path:
+    """A plain model with exactly the shape of the nested model's `budget`, trained from scratch with
+    the parent's recipe (corpus, steps, seed, optimizer): the baseline nested budgets are measured against."""
+    from elastic_local.model.budget import Budget, count_params
+    from elastic_local.model.config import NemotronHConfig
+    from elastic_local.train import pretrain
+
+    nested = json.loads((out / "nested" / "config.json").read_text())
+    found = {b["name"]: b for b in nested["elastic"]["budgets"]}
+    if budget not in found:
+        raise SystemExit(f"budget {budget!r} is not in {out / 'nested' / 'config.json'} (it has {', '.join(found)});"
+                         " build the nested model first")
+    sizes, tok_dir = found[budget]["sizes"], out / "tokenizer"
+    config = model_config(recipe, tok_dir) | {
+        "hidden_size": sizes["hidden"], "mamba_num_heads": sizes["mamba_heads"],
+        "num_attention_heads": sizes["attention_heads"], "n_routed_experts": sizes["experts"],
+        "moe_intermediate_size": sizes["expert_channels"],
+        "moe_shared_expert_intermediate_size": sizes["shared_channels"], "intermediate_size": sizes["mlp_channels"]}
+    cfg = NemotronHConfig.from_dict(config)
+    params = count_params(cfg, Budget.full(cfg))[0]
+    if params != found[budget]["params"]:
+        raise SystemExit(f"independent {budget!r} would have {params} parameters, the nested budget has "
+                         f"{found[budget]['params']}: its sizes do not describe a plain model")
+    work, target = out / f"independent-{budget}", out / f"independent-{budget}" / "model"
+    init_dir = work / "init"
+    if not (init_dir / "config.json").is_file():
+        log(f"init: random {budget}-shaped model, {params} parameters")
+        pretrain.write_checkpoint(init_dir, config, pretrain.init_tensors(cfg, recipe["seed"]), tok_dir)
+    if not (target / "config.json").is_file():
+        train_from_scratch(recipe, config, init_dir, work / "train", target, tok_dir)
+    return target
+
+
 def build(recipe: dict, out: Path, stages: str = "all") -> Path:
     import torch
 
@@ -74,17 +130,7 @@ def build(recipe: dict, out: Path, stages: str = "all") -> Path:
 
     parent = out / "parent"
     if not (parent / "config.json").is_file():
-        from tokenizers import Tokenizer
-
-        log(f"corpus: {corpus['train_items']} training conversations (seed {seed})")
-        pairs = [chat_text(it) for it in items("train", corpus["train_items"], seed)]
-        tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
-        examples = pretrain.encode_examples(pairs, tok)
-        tc = pretrain.TrainConfig(seed=seed, **{k: (tuple(v) if isinstance(v, list) else v)
-                                                for k, v in recipe["train"].items()})
-        net, params = pretrain.train(init_dir, examples, out / "train", tc, pad_id=tok.token_to_id("<pad>"), log=log)
-        pretrain.write_checkpoint(parent, config, pretrain.hub_tensors(net, params), tok_dir, dtype=torch.bfloat16)
-        log(f"parent written to {parent}")
+        train_from_scratch(recipe, config, init_dir, out / "train", parent, tok_dir)
     if stages == "parent":
         return parent
 
@@ -101,14 +147,40 @@ def build(recipe: dict, out: Path, stages: str = "all") -> Path:
         log(f"nest: budgets {recipe['nest']} of the parent's parameters")
         nest(parent, nested, dict(recipe["nest"]), calib=calib, dtype=torch.float32)
         log(f"nested model written to {nested}")
-    return nested
+    if "elastic" not in recipe:
+        return nested
+    return elastic(recipe, out)
 
 
-def ship(nested: Path) -> None:
-    """Replace the package's catalog/demo with the nested model's files."""
+def elastic(recipe: dict, out: Path) -> Path:
+    """The final stage: the nest budgets retrained by elastic distillation from the parent
+    (`elastic-local train`, its own resumable state in OUT/elastic/model.train)."""
+    from elastic_local.tasks.corpus import chat_text, items
+    from elastic_local.train.loop import train
+    from elastic_local.train.recipe import Recipe
+
+    section = dict(recipe["elastic"])
+    n_items = section.pop("items")
+    work, model = out / "elastic", out / "elastic" / "model"
+    corpus = work / "corpus.txt"
+    if not corpus.is_file():
+        work.mkdir(parents=True, exist_ok=True)
+        texts = ["".join(chat_text(it)) for it in items("train", n_items, recipe["seed"])]
+        corpus.with_suffix(".partial").write_text("\n".join(texts) + "\n")
+        corpus.with_suffix(".partial").rename(corpus)
+    if not (model / "config.json").is_file():
+        log(f"elastic: distilling budgets {recipe['nest']} from the parent, {section['steps']} steps")
+        train(out / "parent", model, [str(corpus)], dict(recipe["nest"]),
+              Recipe.load(None, seed=recipe["seed"], **section))
+        log(f"elastic model written to {model}")
+    return model
+
+
+def ship(model: Path) -> None:
+    """Replace the package's catalog/demo with the final model's files."""
     tmp = CATALOG.with_name("demo.partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(nested, tmp)
+    shutil.copytree(model, tmp)
     shutil.rmtree(CATALOG, ignore_errors=True)
     tmp.rename(CATALOG)
     log(f"shipped {sum(f.stat().st_size for f in CATALOG.iterdir()) / 2**20:.1f} MiB to {CATALOG}")
@@ -120,9 +192,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=HERE / "build")
     ap.add_argument("--stages", choices=["all", "parent"], default="all",
                     help="'parent' stops after training the parent")
-    ap.add_argument("--ship", action="store_true", help="copy the nested model into elastic_local/catalog/demo")
+    ap.add_argument("--ship", action="store_true", help="copy the final model into elastic_local/catalog/demo")
+    ap.add_argument("--independent", metavar="BUDGET",
+                    help="instead: train a plain model of the nested BUDGET's shape from scratch with the same "
+                         "recipe, into OUT/independent-BUDGET/model (the baseline for `elastic-local eval --compare`)")
     args = ap.parse_args(argv)
     recipe = tomllib.loads(args.recipe.read_text())
+    if args.independent:
+        if args.ship or args.stages != "all":
+            ap.error("--independent builds only the baseline (drop --ship and --stages)")
+        independent(recipe, args.out, args.independent)
+        return 0
     result = build(recipe, args.out, args.stages)
     if args.ship:
         if args.stages != "all":
