@@ -374,17 +374,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    parser.add_argument("--debug", action="store_true", help="print the traceback of an error")
+    for p in sub.choices.values():  # accepted after the command too; SUPPRESS keeps the top-level value
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command; errors are reported by `errors.report` (one line; a bug's traceback to a file)."""
+    from .errors import report
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, KeyError, FileNotFoundError, FileExistsError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"elastic-local: error: {msg}", file=sys.stderr)
-        return 2
+    except (Exception, KeyboardInterrupt) as e:
+        return report(parser.prog, e, debug=getattr(args, "debug", False))
 
 
 if __name__ == "__main__":
