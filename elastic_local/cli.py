@@ -119,13 +119,14 @@ def cmd_info(args: argparse.Namespace) -> int:
     else:
         dtypes = ", ".join(f"{k} {_gib(v)}" for k, v in w["tensor_bytes_by_dtype"].items())
         print(f"  on disk   {_gib(w['bytes_on_disk'])} in {w['files']} file(s) ({dtypes})")
-    print(f"  precision {d['precision']}")
-    print("  budgets   name       params    active      bf16       fp8     nvfp4  sizes")
+    stored = d["precision"].upper() if d["precision"] != "bf16" else (w or {}).get("stored_dtype") or "BF16"
+    loads = ", ".join(f"{p} ({src})" for p, src in d["offers"].items())
+    print(f"  precision {stored}{' (unquantized)' if d['precision'] == 'bf16' else ''}; loads as {loads}")
+    print("  budgets   name       params    active      bf16       fp8     nvfp4  sizes (resident bytes as fit plans)")
     for b in d["budgets"]:
         sizes = " ".join(f"{k}={v if not isinstance(v, list) else 'per-layer'}" for k, v in b["sizes"].items())
-        by = b["bytes"]
-        print(f"            {b['name']:<8} {_count(b['params']):>8} {_count(b['active_params']):>9} "
-              f"{_gib(by['bf16']):>9} {_gib(by['fp8']):>9} {_gib(by['nvfp4']):>9}  {sizes}")
+        by = " ".join(f"{'-' if n is None else _gib(n):>9}" for n in b["bytes"].values())
+        print(f"            {b['name']:<8} {_count(b['params']):>8} {_count(b['active_params']):>9} {by}  {sizes}")
     k = d["kernels"]
     print(f"  kernels   on {k['device']}: scan {k['mamba_scan']}, conv {k['mamba_conv']}, linear {k['linear']}")
     if "note" in k:
@@ -147,6 +148,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
         print(json.dumps(fit.fit_report(args.dir, p), indent=2))
         return 0
     print(f"{fit.summary(p)}\n\n{render_plan(p)}")
+    steps = fit.next_steps(args.dir, p)
+    if steps:
+        print("\nnext:\n" + "\n".join(f"  {line}" for line in steps))
     return 0
 
 
@@ -184,16 +188,44 @@ def _generation_options(args: argparse.Namespace) -> dict:
                 **({} if args.think_close is None else {"think_close": args.think_close}))
 
 
+def _prompt_text(args: argparse.Namespace) -> str:
+    """The user message: --prompt, --file (`-` = stdin), or stdin when it is piped and neither is given."""
+    from pathlib import Path
+
+    if args.prompt is not None and args.file is not None:
+        raise ValueError("give the prompt once: --prompt TEXT or --file FILE, not both")
+    if args.prompt is not None:
+        text = args.prompt
+    elif args.file is not None and args.file != "-":
+        try:
+            text = Path(args.file).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ValueError(f"--file {args.file}: no such file") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--file {args.file}: not UTF-8 text (byte {e.start})") from None
+    elif args.file == "-" or not sys.stdin.isatty():
+        text = sys.stdin.read()
+    else:
+        raise ValueError('no prompt: pass --prompt "TEXT", --file FILE, or pipe it on stdin')
+    if not text.strip():
+        raise ValueError("the prompt is empty")
+    return text.rstrip("\n")
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     """Answer one prompt, streaming the thinking (stderr, dimmed) and the answer (stdout), then a stats line.
+    With no DIR the embedded demo model answers; the prompt comes from --prompt, --file or stdin.
 
-    elastic-local generate ./ckpt --prompt "Why is the sky blue?" --think-budget half --max-think-tokens 256
+    elastic-local generate --prompt "What is 347 + 589?"
+    echo "Put 5, 2, 9, 1 in order." | elastic-local generate
+    elastic-local generate ./ckpt --file question.txt --think-budget half --max-think-tokens 256
     elastic-local generate ./ckpt --prompt "2+2?" --device cuda --precision fp8 --budget auto
     """
     from .engine.events import Token
 
+    text = _prompt_text(args)  # before loading: a missing prompt costs nothing
     m = load_from_args(args, progress=_Bar("load") if sys.stderr.isatty() else None)
-    prompt = m.chat_prompt(args.prompt, think=not args.no_think, system=args.system)
+    prompt = m.chat_prompt(text, think=not args.no_think, system=args.system)
     stream = m.stream(prompt, **_generation_options(args))
     dim, undim = ("\x1b[2m", "\x1b[0m") if sys.stderr.isatty() else ("", "")
     phase = None
@@ -336,7 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add_command(sub, "generate", cmd_generate, "answer one prompt, streaming thinking and answer")
     p.add_argument("dir", nargs="?", default=None, help="checkpoint directory (default: the embedded demo model)")
     add_model_options(p)
-    p.add_argument("--prompt", required=True, help="the user message (rendered with the chat template)")
+    p.add_argument("--prompt", help="the user message (rendered with the chat template)")
+    p.add_argument("--file", metavar="FILE", help="read the user message from FILE (- = stdin); with neither "
+                                                  "option a piped stdin is read")
     p.add_argument("--system", help="a system message")
     p.add_argument("--no-think", action="store_true", help="open the answer at once (thinking off)")
     p.add_argument("--think-budget", metavar="NAME", help="budget of the thinking phase (default: largest)")
