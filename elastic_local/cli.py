@@ -26,6 +26,7 @@ COMMAND_MODULES: list[str] = [
     "elastic_local.evaluate.cli",
 ]
 DTYPES = ("float32", "bfloat16", "float16")
+OVERWRITE_HELP = "replace OUT if it exists (it is replaced only once the new one is complete)"
 
 
 def _gib(n: int) -> str:
@@ -292,7 +293,7 @@ def cmd_nest(args: argparse.Namespace) -> int:
 
     out = nest(args.src, args.out, _budgets(args.budget), calib=args.calib, axes=tuple(args.axes.split(",")),
                heterogeneous=args.heterogeneous, full_name=args.full_name, device=args.device,
-               progress=_Bar("nest"))
+               progress=_Bar("nest"), overwrite=args.overwrite)
     print(f"wrote {out}")
     return cmd_info(argparse.Namespace(dir=out, json=False))
 
@@ -304,7 +305,7 @@ def cmd_slice(args: argparse.Namespace) -> int:
     elastic-local slice ./nested ./12b --budget 12B"""
     from .elastic.slice import slice_budget
 
-    out, portable = slice_budget(args.dir, args.out, args.budget, progress=_Bar("slice"))
+    out, portable = slice_budget(args.dir, args.out, args.budget, progress=_Bar("slice"), overwrite=args.overwrite)
     print(f"wrote {out}: budget {args.budget!r} as a standalone checkpoint")
     if not portable:
         print("  its sizes differ from layer to layer (block_configs): elastic-local loads it; transformers, "
@@ -320,7 +321,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from .ptq import quantize_checkpoint
 
     out = quantize_checkpoint(args.dir, args.out, args.precision, calib=args.calib, keep=tuple(args.keep),
-                              preset=args.preset, device=args.device, progress=_Bar("quantize"))
+                              preset=args.preset, device=args.device, progress=_Bar("quantize"),
+                              overwrite=args.overwrite)
     print(f"wrote {out}")
     return cmd_info(argparse.Namespace(dir=out, json=False))
 
@@ -347,11 +349,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heterogeneous", action="store_true", help="allow per-layer sizes")
     p.add_argument("--full-name", default="full", help="name of the full model's budget")
     p.add_argument("--device", default="cpu", help="where the model is scored (default cpu)")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
     p = add_command(sub, "slice", cmd_slice, "extract one budget as a standalone checkpoint")
     p.add_argument("dir")
     p.add_argument("out")
     p.add_argument("--budget", required=True, help="the budget to extract")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
     p = add_command(sub, "quantize", cmd_quantize,
                     "quantize a nested BF16 checkpoint to FP8 or NVFP4 (Model Optimizer layout)")
@@ -364,6 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=["nano"], help="nano: attention layers and the Mamba layers feeding them "
                                                      "stay BF16 (NVIDIA's conservative recipe)")
     p.add_argument("--device", default="cpu", help="where calibration runs (default cpu)")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
     p = add_command(sub, "generate", cmd_generate, "answer one prompt, streaming thinking and answer")
     p.add_argument("dir", nargs="?", default=None, help="checkpoint directory (default: the embedded demo model)")

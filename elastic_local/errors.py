@@ -29,6 +29,8 @@ def is_expected(e: BaseException) -> bool:
         return False  # a parser's fragment with no file name: the caller should have wrapped it
     if type(e).__name__ == "OutOfMemoryError" or isinstance(e, MemoryError):
         return True
+    if isinstance(e, (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return True
     if isinstance(e, OSError):
         return e.filename is not None
     return isinstance(e, ValueError)

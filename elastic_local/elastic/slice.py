@@ -16,7 +16,7 @@ import torch
 
 from ..checkpoint.files import Reader
 from ..checkpoint.load import checkpoint_tensors
-from ..checkpoint.write import CheckpointWriter
+from ..checkpoint.write import CheckpointWriter, check_output
 from ..model.budget import Budget
 from ..model.config import BLOCK_KINDS, NemotronHConfig
 from ..model.schema import stored_budget
@@ -113,6 +113,7 @@ def slice_budget(src: str | Path, out: str | Path, budget: str, progress: Progre
                  overwrite: bool = False) -> tuple[Path, bool]:
     """Write `budget` of the nested checkpoint `src` to `out`. Returns (out, loadable by other runtimes)."""
     src = Path(src)
+    check_output(out, overwrite, [src])
     cfg = NemotronHConfig.from_dir(src)
     budgets = read_budgets(cfg, where=str(src / "config.json"))
     if budget not in budgets:
@@ -125,7 +126,7 @@ def slice_budget(src: str | Path, out: str | Path, budget: str, progress: Progre
     sel = prefix_selection(cfg, stored, b)
     heads = [s.mamba_heads or s.attention_heads or None for s in stored.layers]
     plan = list(select_plan(cfg, sel, heads))
-    with CheckpointWriter(out, overwrite=overwrite) as w:
+    with CheckpointWriter(out, overwrite=overwrite, sources=[src]) as w:
         for k, (name, req) in enumerate(plan):
             for out_name, t in materialize(reader, name, req, precision, kept):
                 w.add(out_name, t)
