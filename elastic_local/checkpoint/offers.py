@@ -23,7 +23,7 @@ from ..model.budget import Budget
 from ..model.config import NemotronHConfig
 from ..quant.scheme import PRECISIONS, is_quantized, module_of, read_quant_config, weight_bytes
 from .files import CheckpointError, TensorInfo
-from .load import checkpoint_tensors
+from .load import checkpoint_tensors, verify_tensors
 
 QUANT_DTYPES = {"U8", "F8_E4M3"}  # what a quantized Linear weight is stored as (NVFP4 packed bytes, FP8)
 
@@ -62,6 +62,8 @@ def offers(path: str | Path, cfg: NemotronHConfig | None = None,
     path = Path(path)
     cfg = cfg or NemotronHConfig.from_dir(path)
     tensors = weight_tensors(path) if tensors is None else tensors
+    if tensors is not None:  # weights that do not match the config are an error here, not at load time
+        verify_tensors(path, cfg, tensors)
     if tensors is None:
         release = release_precisions(path)
         return [Offer("bf16", "stored")] + [
