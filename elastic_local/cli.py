@@ -40,6 +40,21 @@ def _count(n: int) -> str:
     return str(n)
 
 
+def whole(lo: int = 0) -> Callable[[str], int]:
+    """An argparse type: a whole number >= `lo` ("1e20", "-5" or "ten" are usage errors naming the option)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if n < lo:
+            raise argparse.ArgumentTypeError(f"{n} must be >= {lo}")
+        return n
+
+    parse.__name__ = "whole number"
+    return parse
+
+
 def add_command(sub, name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
     """A subcommand whose long help is `func`'s docstring (what it does, then an example); `func(args)`
     returns the exit status."""
@@ -142,6 +157,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     elastic-local fit ./ckpt --json"""
     from .hardware import fit, get_profile, render_plan
 
+    if args.margin_gib is not None and not 0 <= args.margin_gib < 2**20:
+        raise ValueError(f"--margin-gib {args.margin_gib}: expected a size in GiB >= 0")
     margin = None if args.margin_gib is None else int(args.margin_gib * 2**30)
     p = fit.plan_checkpoint(args.dir, get_profile(args.profile), context=args.context, caches=args.caches,
                             margin_bytes=margin)
@@ -274,6 +291,8 @@ def _budgets(values: list[str]) -> dict[str, float]:
     out = {}
     for v in values:
         name, sep, frac = v.partition("=")
+        if name in out:
+            raise ValueError(f"--budget {name} is given twice ({name}={out[name]:g} and {v}); give each budget once")
         try:
             out[name] = float(frac)
         except ValueError:
@@ -380,13 +399,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-think", action="store_true", help="open the answer at once (thinking off)")
     p.add_argument("--think-budget", metavar="NAME", help="budget of the thinking phase (default: largest)")
     p.add_argument("--answer-budget", metavar="NAME", help="budget of the answer phase (default: largest)")
-    p.add_argument("--max-think-tokens", type=int, default=1024, metavar="N",
+    p.add_argument("--max-think-tokens", type=whole(0), default=1024, metavar="N",
                    help="think token budget: then the engine closes thinking (default 1024)")
-    p.add_argument("--max-tokens", type=int, default=1024, metavar="N", help="answer token limit (default 1024)")
+    p.add_argument("--max-tokens", type=whole(0), default=1024, metavar="N",
+                   help="answer token limit (default 1024; the model's context also ends a reply)")
     p.add_argument("--think-close", metavar="TEXT",
                    help="text appended before </think> when the think budget runs out ('' for none)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
-    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-k", type=whole(0), default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--seed", type=int)
@@ -401,8 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", nargs="?", default=str(STAR_ELASTIC),
                    help="checkpoint directory, weights optional (default: the Star Elastic description)")
     p.add_argument("--profile", default="auto", help="hardware profile name or .toml file; auto = this machine")
-    p.add_argument("--context", type=int, default=32768, help="tokens each cache holds (default 32768)")
-    p.add_argument("--caches", type=int, default=2, help="hybrid caches kept (chat: think + answer = 2)")
+    p.add_argument("--context", type=whole(1), default=32768, help="tokens each cache holds (default 32768)")
+    p.add_argument("--caches", type=whole(1), default=2, help="hybrid caches kept (chat: think + answer = 2)")
     p.add_argument("--margin-gib", type=float, help="safety margin (default: max(1 GiB, 5%% of memory))")
     p.add_argument("--json", action="store_true", help="one JSON object, sizes in bytes")
 
