@@ -145,3 +145,23 @@ def test_a_billion_max_tokens_runs_without_allocating_for_it(ckpt, capsys):
     assert main(["generate", str(ckpt), "--prompt", "hi", "--max-tokens", "1000000000", "--max-think-tokens",
                  "1000000000", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["finish_reason"] in ("eos", "context_limit")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--context", "-5"], "argument --context: -5 must be >= 1"),
+    (["--max-batch", "0"], "argument --max-batch: 0 must be >= 1"),
+    (["--max-tokens", "-1"], "argument --max-tokens: -1 must be >= 0"),
+    (["--max-think-tokens", "1e20"], "argument --max-think-tokens: '1e20' is not a whole number"),
+])
+def test_batch_options_out_of_range_are_usage_errors(ckpt, tmp_path, capsys, argv, message):
+    src = tmp_path / "in.txt"
+    src.write_text("hi\n")
+    with pytest.raises(SystemExit) as e:
+        main(["batch", str(src), str(tmp_path / "out.jsonl"), str(ckpt), *argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_batch_input_that_is_a_directory_is_named(ckpt, tmp_path, capsys):
+    assert main(["batch", str(tmp_path), str(tmp_path / "out.jsonl"), str(ckpt)]) == 2
+    assert f"{tmp_path}: a directory, not an input file" in capsys.readouterr().err
