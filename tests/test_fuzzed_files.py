@@ -5,6 +5,7 @@ is written."""
 import shutil
 
 import pytest
+import torch
 from fuzz_files import CORRUPTIONS, sharded_ok
 from tiny import ALIGNED, make_checkpoint, write_tokenizer
 
@@ -77,3 +78,24 @@ def test_a_sharded_checkpoint_with_a_consistent_index_loads(good, tmp_path):
     sharded_ok(d)
     assert main(["info", str(d)]) == 0
     assert elastic_local.load(d).budgets == ["full"]
+
+
+@pytest.mark.parametrize("precision, tensor, dtype", [("nvfp4", "weight_scale", torch.float32),
+                                                      ("nvfp4", "weight", torch.int8),
+                                                      ("fp8", "weight", torch.bfloat16)])
+def test_a_quantized_tensor_of_the_wrong_dtype_is_named(good, tmp_path, capsys, precision, tensor, dtype):
+    from safetensors.torch import load_file, save_file
+
+    d = tmp_path / precision
+    assert main(["quantize", str(good), str(d), "--precision", precision]) == 0
+    capsys.readouterr()
+    name = f"backbone.layers.0.mixer.in_proj.{tensor}"
+    tensors = load_file(d / "model.safetensors")
+    tensors[name] = tensors[name].view(torch.uint8).to(dtype) if tensor == "weight" else tensors[name].to(dtype)
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
+    for argv in (["info", str(d)], ["slice", str(d), str(tmp_path / "out"), "--budget", "full"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert name in err and "is stored as" in err and len(err.splitlines()) == 1, err
+    with pytest.raises(ValueError, match=name.replace(".", r"\.")):
+        elastic_local.load(d)
