@@ -209,3 +209,30 @@ CORRUPTIONS: dict[str, Callable[[Path], str]] = {f.__name__: f for f in (
     index_points_at_a_missing_tensor, index_names_the_wrong_shard, index_empty, index_corrupt,
     index_without_weight_map, config_contradicts_tensors, config_field_falls_back_to_default, config_fewer_layers,
     config_corrupt, config_wrong_type, config_missing)}
+
+
+# files only a run that tokenizes reads (generate, chat, batch, elastic_local.load)
+def tokenizer_corrupt(d: Path) -> str:
+    (d / "tokenizer.json").write_text('{"version": ')
+    return "tokenizer.json"
+
+
+def tokenizer_config_corrupt(d: Path) -> str:
+    (d / "tokenizer_config.json").write_text("{not json")
+    return "tokenizer_config.json"
+
+
+def chat_template_does_not_parse(d: Path) -> str:
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for m in messages %}{{ m.content "
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return "tokenizer_config.json"
+
+
+def generation_config_corrupt(d: Path) -> str:
+    (d / "generation_config.json").write_text('{"eos_token_id": ')
+    return "generation_config.json"
+
+
+TOKENIZER_CORRUPTIONS: dict[str, Callable[[Path], str]] = {f.__name__: f for f in (
+    tokenizer_corrupt, tokenizer_config_corrupt, chat_template_does_not_parse, generation_config_corrupt)}

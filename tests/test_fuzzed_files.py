@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import torch
-from fuzz_files import CORRUPTIONS, sharded_ok
+from fuzz_files import CORRUPTIONS, TOKENIZER_CORRUPTIONS, sharded_ok
 from tiny import ALIGNED, make_checkpoint, write_tokenizer
 
 import elastic_local
@@ -42,7 +42,7 @@ def broken(good):
         if name not in made:
             d = good.parent / name
             shutil.copytree(good, d)
-            made[name] = d, CORRUPTIONS[name](d)
+            made[name] = d, {**CORRUPTIONS, **TOKENIZER_CORRUPTIONS}[name](d)
         return made[name]
 
     return get
@@ -99,3 +99,15 @@ def test_a_quantized_tensor_of_the_wrong_dtype_is_named(good, tmp_path, capsys, 
         assert name in err and "is stored as" in err and len(err.splitlines()) == 1, err
     with pytest.raises(ValueError, match=name.replace(".", r"\.")):
         elastic_local.load(d)
+
+
+@pytest.mark.parametrize("corruption", list(TOKENIZER_CORRUPTIONS))
+def test_a_broken_tokenizer_or_generation_config_is_named(broken, tmp_path, capsys, monkeypatch, corruption):
+    monkeypatch.setenv("ELASTIC_LOCAL_HOME", str(tmp_path / "home"))
+    d, names = broken(corruption)
+    assert main(_argv("generate", d, None)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(d / names) in err and "internal" not in err, err
+    with pytest.raises(ValueError, match=names):  # at load (tokenizer files) or at the first generation
+        m = elastic_local.load(d)
+        m.generate(m.chat_prompt("hi"), max_think_tokens=1, max_answer_tokens=1)

@@ -100,7 +100,11 @@ class ElasticModel:
 
         add(self.config.eos_token_id)
         if self.path is not None and (Path(self.path) / "generation_config.json").is_file():
-            add(json.loads((Path(self.path) / "generation_config.json").read_text()).get("eos_token_id"))
+            file = Path(self.path) / "generation_config.json"
+            try:
+                add(json.loads(file.read_text()).get("eos_token_id"))
+            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+                raise ValueError(f"{file}: not a valid generation config ({e}); fix or remove it") from None
         start = end = None
         if self.tokenizer is not None:
             eos |= self.tokenizer.eos_ids
