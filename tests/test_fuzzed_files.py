@@ -14,15 +14,19 @@ from elastic_local.cli import main
 
 
 def _argv(command: str, d, out) -> list[str]:
+    if command == "batch":
+        (d.parent / "prompts.txt").write_text("hi\n")
     return {"info": ["info", str(d)],
             "fit": ["fit", str(d), "--profile", "rtx5080"],
             "slice": ["slice", str(d), str(out), "--budget", "full"],
             "nest": ["nest", str(d), str(out), "--budget", "half=0.5"],
             "quantize": ["quantize", str(d), str(out), "--precision", "fp8"],
-            "generate": ["generate", str(d), "--prompt", "hi", "--max-tokens", "2", "--max-think-tokens", "2"]}[command]
+            "generate": ["generate", str(d), "--prompt", "hi", "--max-tokens", "2", "--max-think-tokens", "2"],
+            "batch": ["batch", str(d.parent / "prompts.txt"), str(out), str(d)]}[command]
 
 
-COMMANDS = ["info", "fit", "slice", "nest", "quantize", "generate"]
+COMMANDS = ["info", "fit", "slice", "nest", "quantize", "generate", "batch"]
+
 
 
 @pytest.fixture(scope="module")

@@ -39,12 +39,16 @@ def cmd_batch(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _report(src, items)
 
+    from ..checkpoint.load import verify_tensors
     from ..engine import load
+    from ..model.config import NemotronHConfig
     from .outfile import OutputFile
     from .progress import ProgressBar, Summary
     from .records import error_record, response_record
     from .scheduler import Memory, cache_room, run_jobs
 
+    if any(isinstance(it, Job) for it in items):  # broken weights: an error before OUT is touched
+        verify_tensors(path, NemotronHConfig.from_dir(path))
     with OutputFile(out) as f:
         todo = [it for it in items if it.key not in f.done]
         summary = Summary(len(items), len(items) - len(todo))

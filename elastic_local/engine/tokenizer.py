@@ -42,6 +42,7 @@ class Tokenizer:
         self.tok: _Tokenizer = tok
         self.config = config or {}
         self.chat_template = chat_template
+        self.template_file: Path | None = None  # where chat_template came from (for errors)
         self.bos_token = _token_text(self.config.get("bos_token"))
         self.eos_token = _token_text(self.config.get("eos_token"))
 
@@ -62,19 +63,14 @@ class Tokenizer:
             template = named.get("default", next(iter(named.values()), None))
         if template is None and (path / "chat_template.jinja").is_file():
             template, where = (path / "chat_template.jinja").read_text(), path / "chat_template.jinja"
-        if template is not None:  # a broken template is an error now, naming its file, not at the first prompt
-            from .chat import ChatTemplate
-
-            try:
-                ChatTemplate(template)
-            except ValueError as e:
-                raise ValueError(f"{where}: {e}") from None
         try:
             tok = _Tokenizer.from_file(str(path / "tokenizer.json"))
         except Exception as e:  # the tokenizers library raises a bare Exception with a parser's message
             raise ValueError(f"{path / 'tokenizer.json'}: not a tokenizer the `tokenizers` library reads ({e}); "
                              "re-download or re-export it") from None
-        return cls(tok, config, template)
+        out = cls(tok, config, template)
+        out.template_file = where if template is not None else None
+        return out
 
     @property
     def vocab_size(self) -> int:
