@@ -56,13 +56,13 @@ def _alive(pid: int) -> bool:
 
 def remove_stale_partials(out: Path) -> list[Path]:
     """Delete the `.OUT.partial-*` directories that writers killed before finishing left beside `out`
-    (those whose process is gone; a live writer's directory is left alone)."""
+    (those whose process is gone; a live writer's directory, this process's included, is left alone)."""
     removed = []
     if not out.parent.is_dir():
         return removed
     for d in out.parent.glob(f".{out.name}.partial-*"):
         pid = d.name[len(f".{out.name}.partial-"):].split("-")[0]
-        if d.is_dir() and not (pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid))):
+        if d.is_dir() and not (pid.isdigit() and (int(pid) == os.getpid() or _alive(int(pid)))):
             shutil.rmtree(d, ignore_errors=True)
             removed.append(d)
             log.warning("removed %s, left by an interrupted write of %s", d, out)
@@ -70,6 +70,13 @@ def remove_stale_partials(out: Path) -> list[Path]:
 
 
 def _umask() -> int:
+    """The process's umask, read without changing it where the system allows (os.umask sets it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
