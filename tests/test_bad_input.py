@@ -32,6 +32,11 @@ def model(ckpt):
 
 
 def _with_context(ckpt, tmp_path, context):
+    return elastic_local.load(_context_dir(ckpt, tmp_path, context))
+
+
+def _context_dir(ckpt, tmp_path, context):
+    """A copy of `ckpt` whose config names `context` as max_position_embeddings (None: names none)."""
     import shutil
 
     d = tmp_path / "ctx"
@@ -42,7 +47,7 @@ def _with_context(ckpt, tmp_path, context):
     else:
         cfg["max_position_embeddings"] = context
     (d / "config.json").write_text(json.dumps(cfg))
-    return elastic_local.load(d)
+    return d
 
 
 @pytest.mark.parametrize("ids, message", [
@@ -141,8 +146,9 @@ def test_cli_bad_options_are_one_clear_error(ckpt, tmp_path, capsys, argv, messa
     assert not (tmp_path / "out").exists()
 
 
-def test_a_billion_max_tokens_runs_without_allocating_for_it(ckpt, capsys):
-    assert main(["generate", str(ckpt), "--prompt", "hi", "--max-tokens", "1000000000", "--max-think-tokens",
+def test_a_billion_max_tokens_runs_without_allocating_for_it(ckpt, tmp_path, capsys):
+    d = _context_dir(ckpt, tmp_path, 48)  # a short context, so that the reply ends soon
+    assert main(["generate", str(d), "--prompt", "hi", "--max-tokens", "1000000000", "--max-think-tokens",
                  "1000000000", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["finish_reason"] in ("eos", "context_limit")
 
