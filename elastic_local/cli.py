@@ -26,6 +26,7 @@ COMMAND_MODULES: list[str] = [
     "elastic_local.evaluate.cli",
 ]
 DTYPES = ("float32", "bfloat16", "float16")
+OVERWRITE_HELP = "replace OUT if it exists (it is replaced only once the new one is complete)"
 
 
 def _gib(n: int) -> str:
@@ -37,6 +38,21 @@ def _count(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.2f}{unit}"
     return str(n)
+
+
+def whole(lo: int = 0) -> Callable[[str], int]:
+    """An argparse type: a whole number >= `lo` ("1e20", "-5" or "ten" are usage errors naming the option)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if n < lo:
+            raise argparse.ArgumentTypeError(f"{n} must be >= {lo}")
+        return n
+
+    parse.__name__ = "whole number"
+    return parse
 
 
 def add_command(sub, name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
@@ -119,13 +135,14 @@ def cmd_info(args: argparse.Namespace) -> int:
     else:
         dtypes = ", ".join(f"{k} {_gib(v)}" for k, v in w["tensor_bytes_by_dtype"].items())
         print(f"  on disk   {_gib(w['bytes_on_disk'])} in {w['files']} file(s) ({dtypes})")
-    print(f"  precision {d['precision']}")
-    print("  budgets   name       params    active      bf16       fp8     nvfp4  sizes")
+    stored = d["precision"].upper() if d["precision"] != "bf16" else (w or {}).get("stored_dtype") or "BF16"
+    loads = ", ".join(f"{p} ({src})" for p, src in d["offers"].items())
+    print(f"  precision {stored}{' (unquantized)' if d['precision'] == 'bf16' else ''}; loads as {loads}")
+    print("  budgets   name       params    active      bf16       fp8     nvfp4  sizes (resident bytes as fit plans)")
     for b in d["budgets"]:
         sizes = " ".join(f"{k}={v if not isinstance(v, list) else 'per-layer'}" for k, v in b["sizes"].items())
-        by = b["bytes"]
-        print(f"            {b['name']:<8} {_count(b['params']):>8} {_count(b['active_params']):>9} "
-              f"{_gib(by['bf16']):>9} {_gib(by['fp8']):>9} {_gib(by['nvfp4']):>9}  {sizes}")
+        by = " ".join(f"{'-' if n is None else _gib(n):>9}" for n in b["bytes"].values())
+        print(f"            {b['name']:<8} {_count(b['params']):>8} {_count(b['active_params']):>9} {by}  {sizes}")
     k = d["kernels"]
     print(f"  kernels   on {k['device']}: scan {k['mamba_scan']}, conv {k['mamba_conv']}, linear {k['linear']}")
     if "note" in k:
@@ -140,6 +157,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     elastic-local fit ./ckpt --json"""
     from .hardware import fit, get_profile, render_plan
 
+    if args.margin_gib is not None and not 0 <= args.margin_gib < 2**20:
+        raise ValueError(f"--margin-gib {args.margin_gib}: expected a size in GiB >= 0")
     margin = None if args.margin_gib is None else int(args.margin_gib * 2**30)
     p = fit.plan_checkpoint(args.dir, get_profile(args.profile), context=args.context, caches=args.caches,
                             margin_bytes=margin)
@@ -147,6 +166,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
         print(json.dumps(fit.fit_report(args.dir, p), indent=2))
         return 0
     print(f"{fit.summary(p)}\n\n{render_plan(p)}")
+    steps = fit.next_steps(args.dir, p)
+    if steps:
+        print("\nnext:\n" + "\n".join(f"  {line}" for line in steps))
     return 0
 
 
@@ -184,16 +206,44 @@ def _generation_options(args: argparse.Namespace) -> dict:
                 **({} if args.think_close is None else {"think_close": args.think_close}))
 
 
+def _prompt_text(args: argparse.Namespace) -> str:
+    """The user message: --prompt, --file (`-` = stdin), or stdin when it is piped and neither is given."""
+    from pathlib import Path
+
+    if args.prompt is not None and args.file is not None:
+        raise ValueError("give the prompt once: --prompt TEXT or --file FILE, not both")
+    if args.prompt is not None:
+        text = args.prompt
+    elif args.file is not None and args.file != "-":
+        try:
+            text = Path(args.file).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ValueError(f"--file {args.file}: no such file") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--file {args.file}: not UTF-8 text (byte {e.start})") from None
+    elif args.file == "-" or not sys.stdin.isatty():
+        text = sys.stdin.read()
+    else:
+        raise ValueError('no prompt: pass --prompt "TEXT", --file FILE, or pipe it on stdin')
+    if not text.strip():
+        raise ValueError("the prompt is empty")
+    return text.rstrip("\n")
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     """Answer one prompt, streaming the thinking (stderr, dimmed) and the answer (stdout), then a stats line.
+    With no DIR the embedded demo model answers; the prompt comes from --prompt, --file or stdin.
 
-    elastic-local generate ./ckpt --prompt "Why is the sky blue?" --think-budget half --max-think-tokens 256
+    elastic-local generate --prompt "What is 347 + 589?"
+    echo "Put 5, 2, 9, 1 in order." | elastic-local generate
+    elastic-local generate ./ckpt --file question.txt --think-budget half --max-think-tokens 256
     elastic-local generate ./ckpt --prompt "2+2?" --device cuda --precision fp8 --budget auto
     """
     from .engine.events import Token
 
+    text = _prompt_text(args)  # before loading: a missing prompt costs nothing
     m = load_from_args(args, progress=_Bar("load") if sys.stderr.isatty() else None)
-    prompt = m.chat_prompt(args.prompt, think=not args.no_think, system=args.system)
+    prompt = m.chat_prompt(text, think=not args.no_think, system=args.system)
     stream = m.stream(prompt, **_generation_options(args))
     dim, undim = ("\x1b[2m", "\x1b[0m") if sys.stderr.isatty() else ("", "")
     phase = None
@@ -241,6 +291,8 @@ def _budgets(values: list[str]) -> dict[str, float]:
     out = {}
     for v in values:
         name, sep, frac = v.partition("=")
+        if name in out:
+            raise ValueError(f"--budget {name} is given twice ({name}={out[name]:g} and {v}); give each budget once")
         try:
             out[name] = float(frac)
         except ValueError:
@@ -260,7 +312,7 @@ def cmd_nest(args: argparse.Namespace) -> int:
 
     out = nest(args.src, args.out, _budgets(args.budget), calib=args.calib, axes=tuple(args.axes.split(",")),
                heterogeneous=args.heterogeneous, full_name=args.full_name, device=args.device,
-               progress=_Bar("nest"))
+               progress=_Bar("nest"), overwrite=args.overwrite)
     print(f"wrote {out}")
     return cmd_info(argparse.Namespace(dir=out, json=False))
 
@@ -272,7 +324,7 @@ def cmd_slice(args: argparse.Namespace) -> int:
     elastic-local slice ./nested ./12b --budget 12B"""
     from .elastic.slice import slice_budget
 
-    out, portable = slice_budget(args.dir, args.out, args.budget, progress=_Bar("slice"))
+    out, portable = slice_budget(args.dir, args.out, args.budget, progress=_Bar("slice"), overwrite=args.overwrite)
     print(f"wrote {out}: budget {args.budget!r} as a standalone checkpoint")
     if not portable:
         print("  its sizes differ from layer to layer (block_configs): elastic-local loads it; transformers, "
@@ -288,7 +340,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from .ptq import quantize_checkpoint
 
     out = quantize_checkpoint(args.dir, args.out, args.precision, calib=args.calib, keep=tuple(args.keep),
-                              preset=args.preset, device=args.device, progress=_Bar("quantize"))
+                              preset=args.preset, device=args.device, progress=_Bar("quantize"),
+                              overwrite=args.overwrite)
     print(f"wrote {out}")
     return cmd_info(argparse.Namespace(dir=out, json=False))
 
@@ -315,11 +368,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heterogeneous", action="store_true", help="allow per-layer sizes")
     p.add_argument("--full-name", default="full", help="name of the full model's budget")
     p.add_argument("--device", default="cpu", help="where the model is scored (default cpu)")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
     p = add_command(sub, "slice", cmd_slice, "extract one budget as a standalone checkpoint")
     p.add_argument("dir")
     p.add_argument("out")
     p.add_argument("--budget", required=True, help="the budget to extract")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
     p = add_command(sub, "quantize", cmd_quantize,
                     "quantize a nested BF16 checkpoint to FP8 or NVFP4 (Model Optimizer layout)")
@@ -332,22 +387,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=["nano"], help="nano: attention layers and the Mamba layers feeding them "
                                                      "stay BF16 (NVIDIA's conservative recipe)")
     p.add_argument("--device", default="cpu", help="where calibration runs (default cpu)")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
     p = add_command(sub, "generate", cmd_generate, "answer one prompt, streaming thinking and answer")
     p.add_argument("dir", nargs="?", default=None, help="checkpoint directory (default: the embedded demo model)")
     add_model_options(p)
-    p.add_argument("--prompt", required=True, help="the user message (rendered with the chat template)")
+    p.add_argument("--prompt", help="the user message (rendered with the chat template)")
+    p.add_argument("--file", metavar="FILE", help="read the user message from FILE (- = stdin); with neither "
+                                                  "option a piped stdin is read")
     p.add_argument("--system", help="a system message")
     p.add_argument("--no-think", action="store_true", help="open the answer at once (thinking off)")
     p.add_argument("--think-budget", metavar="NAME", help="budget of the thinking phase (default: largest)")
     p.add_argument("--answer-budget", metavar="NAME", help="budget of the answer phase (default: largest)")
-    p.add_argument("--max-think-tokens", type=int, default=1024, metavar="N",
+    p.add_argument("--max-think-tokens", type=whole(0), default=1024, metavar="N",
                    help="think token budget: then the engine closes thinking (default 1024)")
-    p.add_argument("--max-tokens", type=int, default=1024, metavar="N", help="answer token limit (default 1024)")
+    p.add_argument("--max-tokens", type=whole(0), default=1024, metavar="N",
+                   help="answer token limit (default 1024; the model's context also ends a reply)")
     p.add_argument("--think-close", metavar="TEXT",
                    help="text appended before </think> when the think budget runs out ('' for none)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
-    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-k", type=whole(0), default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--seed", type=int)
@@ -362,8 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", nargs="?", default=str(STAR_ELASTIC),
                    help="checkpoint directory, weights optional (default: the Star Elastic description)")
     p.add_argument("--profile", default="auto", help="hardware profile name or .toml file; auto = this machine")
-    p.add_argument("--context", type=int, default=32768, help="tokens each cache holds (default 32768)")
-    p.add_argument("--caches", type=int, default=2, help="hybrid caches kept (chat: think + answer = 2)")
+    p.add_argument("--context", type=whole(1), default=32768, help="tokens each cache holds (default 32768)")
+    p.add_argument("--caches", type=whole(1), default=2, help="hybrid caches kept (chat: think + answer = 2)")
     p.add_argument("--margin-gib", type=float, help="safety margin (default: max(1 GiB, 5%% of memory))")
     p.add_argument("--json", action="store_true", help="one JSON object, sizes in bytes")
 
@@ -374,17 +433,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    parser.add_argument("--debug", action="store_true", help="print the traceback of an error")
+    for p in sub.choices.values():  # accepted after the command too; SUPPRESS keeps the top-level value
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command; errors are reported by `errors.report` (one line; a bug's traceback to a file)."""
+    from .errors import report
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, KeyError, FileNotFoundError, FileExistsError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"elastic-local: error: {msg}", file=sys.stderr)
-        return 2
+    except (Exception, KeyboardInterrupt) as e:
+        return report(parser.prog, e, debug=getattr(args, "debug", False))
 
 
 if __name__ == "__main__":

@@ -211,6 +211,9 @@ def build() -> tuple[dict, list[Budget], NemotronHConfig]:
     return config, chosen, cfg
 
 
+REPO = "nvidia/NVIDIA-Nemotron-Labs-3-Elastic-30B-A3B"  # + -BF16 / -FP8 / -NVFP4 on Hugging Face
+
+
 def release(cfg: NemotronHConfig) -> dict:
     keep = nano_keep(cfg)
     return {
@@ -218,8 +221,8 @@ def release(cfg: NemotronHConfig) -> dict:
         "note": "Precisions NVIDIA publishes the family in. exclude_modules (kept in BF16) is assumed, not "
                 "published: the Nemotron-3-Nano NVFP4 recipe (attention layers and the Mamba layers feeding "
                 "them), the larger and so the safer estimate. Written by packaging/make_star_elastic_config.py.",
-        "precisions": {"bf16": {"exclude_modules": []}, "fp8": {"exclude_modules": keep},
-                       "nvfp4": {"exclude_modules": keep}},
+        "precisions": {p: {"repo": f"{REPO}-{p.upper()}", "exclude_modules": [] if p == "bf16" else keep}
+                       for p in ("bf16", "fp8", "nvfp4")},
     }
 
 

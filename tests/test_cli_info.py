@@ -26,5 +26,6 @@ def test_info_text_and_errors(tmp_path, capsys):
     assert main(["info", str(tmp_path / "m")]) == 0
     out = capsys.readouterr().out
     assert "pattern   M*E-ME" in out and "kernels" in out
+    assert "precision F32 (unquantized); loads as bf16 (stored), fp8 (load-time quantization)" in out
     assert main(["info", str(tmp_path / "nothing")]) == 2
     assert "config.json: not found" in capsys.readouterr().err

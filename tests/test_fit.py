@@ -20,6 +20,7 @@ from tiny import ALIGNED, make_checkpoint
 import elastic_local
 from elastic_local.checkpoint.files import index_tensors
 from elastic_local.checkpoint.load import checkpoint_tensors
+from elastic_local.checkpoint.offers import offers
 from elastic_local.cli import main
 from elastic_local.elastic.nest import nest
 from elastic_local.elastic.slice import slice_budget
@@ -243,7 +244,7 @@ def test_stored_and_load_time_sources(tiny):
         assert {(c.precision, c.source) for c in cands} == {(q, "stored")} and len(cands) == 3
     # the modules a quantized file keeps in BF16 come from its headers
     cfg = NemotronHConfig.from_dir(tiny / "nvfp4")
-    kept = fit.offers(tiny / "nvfp4")[0].keep
+    kept = offers(tiny / "nvfp4")[0].keep
     expected = {f"backbone.layers.{i}.mixer.{w}" for i, k in enumerate(cfg.pattern) for w in
                 ("in_proj", "out_proj", "q_proj", "k_proj", "v_proj", "o_proj")
                 if any(f"backbone.layers.{i}.mixer.*" == k for k in nano_keep(cfg))
@@ -293,3 +294,32 @@ def test_unsupported_quantization_is_a_clear_error(tiny, capsys, tmp_path):
     (bad / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "W4A16_AWQ"}}))
     rc, out, err = run_cli(capsys, "fit", str(bad), "--profile", "rtx5080")
     assert rc == 2 and "W4A16_AWQ" in err and "not supported" in err
+
+
+def test_info_and_fit_count_the_same_bytes(tiny, no_user_profiles, capsys):
+    """`info` and `fit` read one byte count (checkpoint.offers): a stored quantized file, a BF16 file and
+    the Star Elastic description give the same numbers in both, precision by precision."""
+    prof = elastic_local.hardware.get_profile("h100-80gb")
+    for path in (tiny / "nvfp4", tiny / "bf16", fit.STAR_ELASTIC):
+        rc, out, _ = run_cli(capsys, "info", str(path), "--json")
+        assert rc == 0
+        info = {(b["name"], p): n for b in json.loads(out)["budgets"] for p, n in b["bytes"].items()}
+        planned = {(c.budget, c.precision): c.weights_bytes for c in fit.plan_checkpoint(path, prof).candidates}
+        assert planned and {k: info[k] for k in planned} == planned, path
+        assert all(n is None for k, n in info.items() if k not in planned)  # what cannot be loaded
+
+
+def test_fit_ends_with_the_command_to_run_next(tiny, no_user_profiles, capsys):
+    # a directory with weights: the pick as an elastic-chat command
+    rc, out, _ = run_cli(capsys, "fit", str(tiny / "bf16"), "--profile", "rtx5080")
+    assert rc == 0 and f"elastic-chat {tiny / 'bf16'} --budget full --precision bf16 --device cuda" in out
+    # the description holds no weights: where the picked file is published, then the command on it
+    rc, out, _ = run_cli(capsys, "fit", "--profile", "rtx5080", "--json")
+    steps = json.loads(out)["next"]
+    repo = "nvidia/NVIDIA-Nemotron-Labs-3-Elastic-30B-A3B-FP8"  # 12B FP8 is the 5080's pick
+    assert f"hf download {repo} --local-dir ~/models/{repo.split('/')[1]}" in steps
+    assert any(s.startswith("elastic-chat ~/models/") and "--budget 12B --precision fp8" in s for s in steps)
+    assert any(s.startswith("elastic-chat    #") for s in steps)  # the embedded model, meanwhile
+    # nothing fits: no command to run
+    rc, out, _ = run_cli(capsys, "fit", "--profile", "rtx5080", "--context", "100000000", "--json")
+    assert json.loads(out)["next"] == []

@@ -280,10 +280,18 @@ def test_prompts_as_tensors_and_errors(m):
     assert "answer [full] 2 tok" in r.stats.line()
 
 
-def test_stream_errors_reach_the_consumer_and_dropped_streams_cancel(m):
-    s = m.stream([5, 10**6, 7], max_answer_tokens=3)  # an id outside the vocabulary fails in the worker
-    with pytest.raises(IndexError):
+def test_stream_errors_reach_the_consumer_and_dropped_streams_cancel(m, monkeypatch):
+    with pytest.raises(ValueError, match="not an id of the vocabulary"):
+        m.stream([5, 10**6, 7], max_answer_tokens=3)  # checked before the worker starts
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("failed in the worker")
+
+    monkeypatch.setattr(m.net, "forward", boom)
+    s = m.stream([5, 6, 7], max_answer_tokens=3)
+    with pytest.raises(RuntimeError, match="failed in the worker"):
         list(s)
+    monkeypatch.undo()
     s = m.stream(m.chat_prompt("long"), max_think_tokens=500, ignore_eos=True)
     gen, worker = s.generation, s._thread
     del s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from types import SimpleNamespace
@@ -405,3 +406,25 @@ def test_render_plan_table(no_user_profiles):
     for r, c in zip(rows, pl.candidates, strict=True):
         assert r[:col].endswith(f"{c.total_bytes / GIB:.2f}")
     assert "23.00 GiB available" in text and lines[-1].startswith("pick: 30B nvfp4")
+
+
+def test_cpu_profile_carries_a_measured_read_bandwidth(monkeypatch):
+    """A machine without a GPU plans decode speed from its RAM bandwidth, measured, not guessed."""
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # no NVML: a CPU-only machine
+    p = probe_machine()
+    prof = profile_from_probe(p)
+    assert prof.kind == "cpu" and prof.memory_bandwidth_gbps == p.ram_read_gbps > 0.1
+    assert f"RAM read {p.ram_read_gbps:.1f} GB/s measured now" in prof.notes
+
+
+def test_a_dequantized_precision_is_never_shown_faster_than_bf16(no_user_profiles):
+    """On a CPU fp8/nvfp4 run by dequantizing to bf16 tile by tile: their ceiling is bf16's, even though
+    they read fewer packed bytes; where they run natively (sm_120) they read fewer and decode faster."""
+    options = [dataclasses.replace(o, bf16_active_bytes=int(ACTIVE[o.budget])) for o in OPTIONS]
+    cpu = plan(get_profile("cpu"), SHAPES, options, Workload(context=4096))
+    gpu = plan(get_profile("rtx5090"), SHAPES, options, Workload(context=4096))
+    for b in SHAPES:
+        assert _by(cpu, b, "fp8").decode_tps_ceiling == _by(cpu, b, "bf16").decode_tps_ceiling
+        assert _by(cpu, b, "nvfp4").decode_tps_ceiling == _by(cpu, b, "bf16").decode_tps_ceiling
+        assert _by(gpu, b, "nvfp4").decode_tps_ceiling > _by(gpu, b, "fp8").decode_tps_ceiling \
+            > _by(gpu, b, "bf16").decode_tps_ceiling

@@ -12,6 +12,7 @@ ROOT = Path(elastic_local.__file__).parent
 # lower layers first; a module may import its own package and anything in a lower layer
 LAYERS = [
     {"version", "paths", "progress"},
+    {"errors"},
     {"model"},
     {"quant"},
     {"checkpoint"},

@@ -66,9 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = Options(model_dir(args.dir), args.profile, args.context, args.budget, args.precision, args.device)
         store = Store(Path(args.history) if args.history else None)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"elastic-chat: error: {e}", file=sys.stderr)
-        return 2
+    except Exception as e:  # one line; a bug's traceback goes to a file (elastic_local.errors)
+        from elastic_local.errors import report
+
+        return report("elastic-chat", e)
     app = ElasticChat(options, store=store, think_budget=args.think_budget, answer_budget=args.answer_budget,
                       thinking=not args.no_think, max_think_tokens=args.max_think_tokens,
                       max_answer_tokens=args.max_tokens)

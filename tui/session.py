@@ -75,14 +75,20 @@ class ChatSession:
                 out.append({"role": m.role, "content": m.content})
         return out
 
-    def start(self, conversation_id: int, text: str) -> Turn:
-        """Save the user's message and an empty reply, and start generating it (on the engine's thread)."""
+    def start(self, conversation_id: int, text: str, context: int | None = None) -> Turn:
+        """Save the user's message and an empty reply, and start generating it (on the engine's thread).
+        A conversation that no longer fits the model's context (or the planned `context`) is a ValueError,
+        raised before anything is saved."""
         if self.streaming:
             raise RuntimeError("a reply is still streaming; press Esc to stop it first")
         conversation = self.store.conversation(conversation_id)
         self.chat.messages = self.context(conversation)
         messages = self.chat.messages + [{"role": "user", "content": text}]
         prompt_ids, _ = self.chat.prompt(messages, think=self.thinking)
+        limits = [n for n in (self.chat.model.context_limit, context) if n]
+        if limits and len(prompt_ids) >= min(limits):
+            raise ValueError(f"this message makes the conversation {len(prompt_ids)} tokens, past the context of "
+                             f"{min(limits)}; shorten it or start a new chat (Ctrl+N)")
         reply = Reply(self.budgets["think"], self.budgets["answer"], self.thinking, prompt_tokens=len(prompt_ids))
         self.store.add(conversation_id, "user", text)
         if not conversation.messages and conversation.title == "New chat":

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..cli import whole
 from .requests import Checker, Defaults, Job, LineError, check_unique, parse, read_lines
 
 
@@ -25,7 +26,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     """
     src, out = Path(args.input), Path(args.output)
     if not src.is_file():
-        raise FileNotFoundError(f"{src}: no such input file")
+        raise FileNotFoundError(f"{src}: {'a directory, not an' if src.is_dir() else 'no such'} input file")
     if out.exists() and out.resolve() == src.resolve():
         raise ValueError(f"{out}: the output must be another file than the input")
     path = _model_dir(args.dir)
@@ -38,12 +39,16 @@ def cmd_batch(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _report(src, items)
 
+    from ..checkpoint.load import verify_tensors
     from ..engine import load
+    from ..model.config import NemotronHConfig
     from .outfile import OutputFile
     from .progress import ProgressBar, Summary
     from .records import error_record, response_record
     from .scheduler import Memory, cache_room, run_jobs
 
+    if any(isinstance(it, Job) for it in items):  # broken weights: an error before OUT is touched
+        verify_tensors(path, NemotronHConfig.from_dir(path))
     with OutputFile(out) as f:
         todo = [it for it in items if it.key not in f.done]
         summary = Summary(len(items), len(items) - len(todo))
@@ -118,14 +123,14 @@ def register(sub) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--think-budget", metavar="NAME", help="budget of the thinking phase (default: largest)")
     p.add_argument("--answer-budget", metavar="NAME", help="budget of the answer phase (default: largest)")
-    p.add_argument("--max-think-tokens", type=int, default=1024, metavar="N",
+    p.add_argument("--max-think-tokens", type=whole(0), default=1024, metavar="N",
                    help="think token budget of requests that set none (default 1024)")
-    p.add_argument("--max-tokens", type=int, default=1024, metavar="N",
+    p.add_argument("--max-tokens", type=whole(0), default=1024, metavar="N",
                    help="answer token limit of requests that set none (default 1024)")
     p.add_argument("--no-think", action="store_true", help="thinking off for chat requests that do not say")
-    p.add_argument("--context", type=int, metavar="N",
+    p.add_argument("--context", type=whole(1), metavar="N",
                    help="tokens a request may fill, prompt included (default: the model's max_position_embeddings)")
-    p.add_argument("--max-batch", type=int, default=32, metavar="N",
+    p.add_argument("--max-batch", type=whole(1), default=32, metavar="N",
                    help="most requests decoding together (default 32; memory may allow fewer)")
     p.add_argument("--dry-run", action="store_true", help="validate IN and name bad lines; load no model")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")

@@ -18,7 +18,7 @@ from ..engine.events import Result
 from .requests import CHAT, Job, LineError
 
 # the engine's finish reasons in OpenAI's words ("cancelled" rows are never written: a rerun redoes them)
-FINISH = {"eos": "stop", "stop": "stop", "answer_limit": "length"}
+FINISH = {"eos": "stop", "stop": "stop", "answer_limit": "length", "context_limit": "length"}
 
 
 def response_record(job: Job, r: Result, model: str) -> dict:

@@ -35,9 +35,32 @@ class TensorInfo:
         return int(n)
 
 
+def _header_entry(file: Path, key: str, v) -> TensorInfo:
+    """One tensor of a safetensors header, checked: a known dtype, a shape, and offsets spanning its bytes."""
+    bad = f"{file}: corrupt safetensors header: tensor {key!r}"
+    if not isinstance(v, dict) or not {"dtype", "shape", "data_offsets"} <= set(v):
+        raise CheckpointError(f"{bad} lacks dtype, shape or data_offsets; re-download or re-export the file")
+    dtype, shape, offsets = v["dtype"], v["shape"], v["data_offsets"]
+    if dtype not in DTYPE_BYTES:
+        raise CheckpointError(f"{bad} has dtype {dtype!r}, which this runner does not read "
+                              f"({', '.join(DTYPE_BYTES)}); re-export it")
+    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
+            and isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+            and 0 <= offsets[0] <= offsets[1]):
+        raise CheckpointError(f"{bad} has shape {shape!r} / data_offsets {offsets!r}; re-download or re-export it")
+    info = TensorInfo(file, key, dtype, tuple(shape))
+    if offsets[1] - offsets[0] != info.nbytes:
+        raise CheckpointError(f"{bad} spans {offsets[1] - offsets[0]} bytes, but {dtype} {shape} needs "
+                              f"{info.nbytes}; re-download or re-export the file")
+    return info
+
+
 def read_header(file: Path) -> dict[str, TensorInfo]:
     """Parse one safetensors header and check the file holds every byte it promises."""
-    size = file.stat().st_size
+    try:
+        size = file.stat().st_size
+    except FileNotFoundError:
+        raise CheckpointError(f"{file}: missing; download every weight file") from None
     with file.open("rb") as f:
         raw = f.read(8)
         if len(raw) < 8:
@@ -48,22 +71,38 @@ def read_header(file: Path) -> dict[str, TensorInfo]:
                                   "re-download or re-export it")
         try:
             header = json.loads(f.read(n))
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{file}: corrupt safetensors header ({e})") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{file}: corrupt safetensors header ({e}); re-download or re-export it") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{file}: corrupt safetensors header (not a JSON object); re-download or re-export it")
     header.pop("__metadata__", None)
+    out = {k: _header_entry(file, k, v) for k, v in header.items()}
     end = max((v["data_offsets"][1] for v in header.values()), default=0)
     if 8 + n + end > size:
         last = max(header, key=lambda k: header[k]["data_offsets"][1])
         raise CheckpointError(f"{file}: truncated: its header needs {8 + n + end} bytes, the file has {size} "
                               f"(tensor {last!r} and maybe others are cut off); re-download or re-export it")
-    return {k: TensorInfo(file, k, v["dtype"], tuple(v["shape"])) for k, v in header.items()}
+    return out
+
+
+def read_index(index: Path) -> dict[str, str]:
+    """The weight map (tensor name -> shard file name) of a model.safetensors.index.json, checked."""
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise CheckpointError(f"{index}: not a valid index ({e}); re-download it, or delete it if the directory "
+                              "holds a single model.safetensors") from None
+    if not isinstance(weight_map, dict) or not weight_map or \
+            not all(isinstance(f, str) and f for f in weight_map.values()):
+        raise CheckpointError(f"{index}: its weight_map is missing, empty or not a name -> file map; re-download "
+                              "it, or delete it if the directory holds a single model.safetensors")
+    return weight_map
 
 
 def weight_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        files = sorted({path / f for f in weight_map.values()})
+        files = sorted({path / f for f in read_index(index).values()})
         missing = [f for f in files if not f.is_file()]
         if missing:
             raise CheckpointError(f"{index} lists {missing[0].name}, which is missing from {path}; "
@@ -85,14 +124,26 @@ def canonical(name: str) -> str:
 
 
 def index_tensors(path: str | Path) -> dict[str, TensorInfo]:
-    """Canonical tensor name -> where it lives, for every weight file of the directory."""
+    """Canonical tensor name -> where it lives, for every weight file of the directory (an index's weight map
+    must agree with the shards' headers)."""
+    path = Path(path)
     out: dict[str, TensorInfo] = {}
-    for file in weight_files(Path(path)):
+    for file in weight_files(path):
         for key, info in read_header(file).items():
             name = canonical(key)
             if name in out:
                 raise CheckpointError(f"tensor {key!r} appears in both {out[name].file.name} and {file.name}")
             out[name] = info
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        for key, file in read_index(index).items():
+            info = out.get(canonical(key))
+            if info is None:
+                raise CheckpointError(f"{index} maps tensor {key!r} to {file}, which does not hold it; the index "
+                                      "does not match the shards: re-download them")
+            if info.file.name != file:
+                raise CheckpointError(f"{index} maps tensor {key!r} to {file}, but it is in {info.file.name}; the "
+                                      "index does not match the shards: re-download them")
     return out
 
 

@@ -8,21 +8,25 @@ from pathlib import Path
 import torch
 
 from ..checkpoint.files import CheckpointError, index_tensors
+from ..checkpoint.offers import offers
 from ..model import kernels
 from ..model.budget import count_params
 from ..model.config import BLOCK_KINDS, NemotronHConfig
 from ..model.cost import NATIVE_CAPABILITY, runs_natively
 from ..model.schema import DTYPE_BYTES, stored_budget
-from ..quant.scheme import PRECISIONS, read_quant_config, weight_bytes
+from ..quant.scheme import PRECISIONS, read_quant_config
 from .table import budget_entry, read_budgets
 
 
 def describe(path: str | Path) -> dict:
+    """The `info --json` contract. Budget bytes are those `fit` plans with (`checkpoint.offers`): one entry
+    per precision the directory can be loaded in, None for one it cannot."""
     path = Path(path)
     cfg = NemotronHConfig.from_dir(path)
     total, active = count_params(cfg, stored_budget(cfg))
-    precision, kept = read_quant_config(path)
+    precision = read_quant_config(path)[0]
     budgets = read_budgets(cfg, where=str(path / "config.json"))
+    available = {o.precision: o for o in offers(path, cfg)}
     out: dict = {
         "path": str(path),
         "config": {k: cfg.raw.get(k) for k in ("vocab_size", "hidden_size", "num_attention_heads",
@@ -35,8 +39,9 @@ def describe(path: str | Path) -> dict:
         "params": total,
         "active_params": active,
         "precision": precision,
-        "budgets": [{**budget_entry(cfg, b), "bytes": {p: weight_bytes(cfg, b, p, kept if p == precision else ())
-                                                       for p in PRECISIONS}} for b in budgets.values()],
+        "offers": {p: o.source for p, o in available.items()},
+        "budgets": [{**budget_entry(cfg, b), "bytes": {p: available[p].resident_bytes(cfg, b) if p in available
+                                                       else None for p in PRECISIONS}} for b in budgets.values()],
     }
     try:
         tensors = index_tensors(path)
@@ -52,13 +57,13 @@ def describe(path: str | Path) -> dict:
             "files": len(files),
             "bytes_on_disk": sum(f.stat().st_size for f in files),
             "tensor_bytes_by_dtype": dict(by_dtype),
+            "stored_dtype": max(by_dtype, key=by_dtype.__getitem__) if by_dtype else None,
             "params_in_files": sum(info.nbytes // DTYPE_BYTES[info.dtype] for name, info in tensors.items()
                                    if not name.startswith("mtp.")),
         }
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out["kernels"] = {"device": device, **kernels.describe(device), "linear": _linear_kernel(precision, device)}
     return out
-
 
 
 def _linear_kernel(precision: str, device: str) -> str:

@@ -16,7 +16,7 @@ import torch
 
 from ..checkpoint.files import Reader
 from ..checkpoint.load import checkpoint_tensors, load_network
-from ..checkpoint.write import CheckpointWriter
+from ..checkpoint.write import CheckpointWriter, check_output
 from ..model.budget import Budget, count_params
 from ..model.config import NemotronHConfig
 from ..model.schema import expected_shapes
@@ -89,6 +89,7 @@ def nest(src: str | Path, out: str | Path, budgets: dict[str, float], calib: str
          device: str = "cpu", dtype: torch.dtype = torch.float32, max_tokens: int = 16384, seq_len: int = 512,
          progress: Progress | None = None, overwrite: bool = False) -> Path:
     src, out = Path(src), Path(out)
+    check_output(out, overwrite, [src])  # before the scoring, which takes long on a real model
     cfg = NemotronHConfig.from_dir(src)
     unknown = set(axes) - set(ALL_AXES)
     if unknown:
@@ -136,7 +137,7 @@ def nest(src: str | Path, out: str | Path, budgets: dict[str, float], calib: str
         "budgets": [budget_entry(cfg, b) for b in chosen],
     }
     n = len(expected_shapes(cfg, full))
-    with CheckpointWriter(out, overwrite=overwrite) as w:
+    with CheckpointWriter(out, overwrite=overwrite, sources=[src]) as w:
         for k, (name, req) in enumerate(select_plan(cfg, sel, stored)):
             for out_name, t in materialize(reader, name, req):
                 w.add(out_name, t)

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from ..checkpoint.files import Reader
-from ..checkpoint.load import checkpoint_tensors
-from ..checkpoint.write import CheckpointWriter
+from ..checkpoint.load import verify_tensors
+from ..checkpoint.write import CheckpointWriter, check_output
 from ..model.budget import Budget
 from ..model.config import BLOCK_KINDS, NemotronHConfig
 from ..model.schema import stored_budget
@@ -86,7 +86,7 @@ def sliced_config(cfg: NemotronHConfig, b: Budget, nested: dict[str, Budget]) ->
     inner = [Budget(x.name, x.hidden, tuple(s for s, k in zip(x.layers, b.layers) if k.enabled))
              for x in nested.values() if x.fits_in(b)]
     # the budget keeps its name, and the smaller budgets nested in it stay: the export is still elastic
-    elastic = dict(cfg.raw["elastic"])
+    elastic = dict(cfg.raw.get("elastic") or {})
     elastic["budgets"] = [budget_entry(new_cfg, x) for x in inner]
     elastic["sliced_from"] = b.name
     raw["elastic"] = elastic
@@ -113,6 +113,7 @@ def slice_budget(src: str | Path, out: str | Path, budget: str, progress: Progre
                  overwrite: bool = False) -> tuple[Path, bool]:
     """Write `budget` of the nested checkpoint `src` to `out`. Returns (out, loadable by other runtimes)."""
     src = Path(src)
+    check_output(out, overwrite, [src])
     cfg = NemotronHConfig.from_dir(src)
     budgets = read_budgets(cfg, where=str(src / "config.json"))
     if budget not in budgets:
@@ -121,11 +122,11 @@ def slice_budget(src: str | Path, out: str | Path, budget: str, progress: Progre
     stored = stored_budget(cfg)
     raw, homogeneous = sliced_config(cfg, b, budgets)
     precision, kept = read_quant_config(src)
-    reader = Reader(checkpoint_tensors(src))
+    reader = Reader(verify_tensors(src, cfg))
     sel = prefix_selection(cfg, stored, b)
     heads = [s.mamba_heads or s.attention_heads or None for s in stored.layers]
     plan = list(select_plan(cfg, sel, heads))
-    with CheckpointWriter(out, overwrite=overwrite) as w:
+    with CheckpointWriter(out, overwrite=overwrite, sources=[src]) as w:
         for k, (name, req) in enumerate(plan):
             for out_name, t in materialize(reader, name, req, precision, kept):
                 w.add(out_name, t)

@@ -78,7 +78,11 @@ class ChatTemplate:
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         self.source = source or FALLBACK_TEMPLATE
-        self.template = env.from_string(self.source)
+        try:
+            self.template = env.from_string(self.source)
+        except Exception as e:  # a jinja2 syntax error: name the template and the line
+            raise TemplateError(f"the chat template does not parse ({type(e).__name__}: {e}); fix or remove it") \
+                from None
         self.bos_token, self.eos_token = bos_token or "", eos_token or ""
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, enable_thinking: bool = True) -> str:

@@ -45,6 +45,13 @@ class ElasticModel:
         return self.net.dtype
 
     @property
+    def context_limit(self) -> int | None:
+        """Tokens one sequence may fill, prompt and reply: config.json's max_position_embeddings (None: no
+        limit named). Generation stops there with finish_reason "context_limit"; a longer prompt is an error."""
+        n = self.config.raw.get("max_position_embeddings")
+        return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+    @property
     def budgets(self) -> list[str]:
         """Budget names that run on the resident weights, largest first."""
         return list(self._budgets)
@@ -64,12 +71,17 @@ class ElasticModel:
                 last_only: bool = False) -> torch.Tensor:
         """Logits [B, T or 1, vocab] (float32); with a cache, continues and advances it (its budget runs)."""
         b = cache.budget if cache is not None else self.budget(budget)
-        return self.net.forward(input_ids.to(self.net.device), b, cache, last_only)
+        ids = as_ids(input_ids, self.config.vocab_size, None if cache is not None else self.context_limit)
+        if cache is not None and ids.shape[0] != len(cache.lengths):
+            raise ValueError(f"input_ids has {ids.shape[0]} rows, the cache {len(cache.lengths)}")
+        return self.net.forward(ids.to(self.net.device), b, cache, last_only)
 
     @torch.inference_mode()
     def logits(self, input_ids: torch.Tensor, budget: str | None = None) -> torch.Tensor:
-        """Logits of a whole sequence from scratch: LongTensor [B, T] -> FloatTensor [B, T, vocab]."""
-        return self.net.forward(input_ids.to(self.net.device), self.budget(budget))
+        """Logits of a whole sequence from scratch: LongTensor [B, T] -> FloatTensor [B, T, vocab]. One sequence
+        as a 1-D tensor or a list of ids is a batch of one ([1, T, vocab])."""
+        ids = as_ids(input_ids, self.config.vocab_size, self.context_limit)
+        return self.net.forward(ids.to(self.net.device), self.budget(budget))
 
     # ------------------------------------------------------------------------------------------ generation
     # The prompt ends where thinking starts (after `<think>`; after `</think>` for thinking off). Options
@@ -88,7 +100,11 @@ class ElasticModel:
 
         add(self.config.eos_token_id)
         if self.path is not None and (Path(self.path) / "generation_config.json").is_file():
-            add(json.loads((Path(self.path) / "generation_config.json").read_text()).get("eos_token_id"))
+            file = Path(self.path) / "generation_config.json"
+            try:
+                add(json.loads(file.read_text()).get("eos_token_id"))
+            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+                raise ValueError(f"{file}: not a valid generation config ({e}); fix or remove it") from None
         start = end = None
         if self.tokenizer is not None:
             eos |= self.tokenizer.eos_ids
@@ -126,6 +142,32 @@ class ElasticModel:
         if system:
             messages = [{"role": "system", "content": system}] + messages
         return render_prompt(self.tokenizer, messages, think)
+
+
+def as_ids(input_ids, vocab: int, context: int | None = None) -> torch.Tensor:
+    """Token ids as a LongTensor [B, T], checked: integers of the vocabulary, at least one token, at most
+    `context`; a 1-D tensor or a list is one sequence, a list of equal-length lists a batch."""
+    if not isinstance(input_ids, torch.Tensor):
+        try:
+            input_ids = torch.tensor(input_ids)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise ValueError(f"input_ids must be a LongTensor [B, T], a list of ids, or a list of equal-length id "
+                             f"lists ({e})") from None
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise ValueError(f"input_ids must hold integer token ids, not {input_ids.dtype}")
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [B, T] (or one sequence [T]); got shape {list(input_ids.shape)}")
+    if input_ids.numel() == 0:
+        raise ValueError(f"input_ids is empty (shape {list(input_ids.shape)}); give at least one token")
+    lo, hi = int(input_ids.min()), int(input_ids.max())
+    if lo < 0 or hi >= vocab:
+        raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary of {vocab} (ids 0..{vocab - 1})")
+    if context is not None and input_ids.shape[1] > context:
+        raise ValueError(f"input_ids has {input_ids.shape[1]} tokens, past the model's context of {context} "
+                         "(max_position_embeddings in config.json)")
+    return input_ids.long()
 
 
 def _prompts(p) -> tuple[list[list[int]], bool]:

@@ -88,7 +88,8 @@ class Result:
     in order (the closing text and `</think>` belong to think_ids; an eos token ends answer_ids).
 
     finish_reason: "eos" (an end-of-sequence token), "stop" (a stop string or stop token id),
-    "answer_limit" (max_answer_tokens), "cancelled". finish_phase says in which phase it happened.
+    "answer_limit" (max_answer_tokens), "context_limit" (the sequence filled the model's context,
+    max_position_embeddings), "cancelled". finish_phase says in which phase it happened.
     think_end: how thinking ended: "model" (it wrote `</think>`), "budget" (max_think_tokens reached:
     the engine appended the closing text and `</think>`), "prompt" (the prompt had already closed it),
     None (the generation ended inside thinking)."""

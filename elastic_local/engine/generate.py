@@ -16,6 +16,7 @@ events lives in stream.py; the engine knows nothing about chat templates.
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -36,6 +37,32 @@ if TYPE_CHECKING:
 
 __all__ = ["Generation", "Request", "Specials"]
 
+# KV caches are allocated once for a row's whole reach (prompt + every token it may generate) up to this
+# many positions; a larger limit (max_tokens 10**9, or a 256K context) grows them by doubling instead, so
+# memory follows the tokens actually generated, not the limit.
+PREALLOC_TOKENS = 32768
+
+
+def preallocated(capacity: int) -> int:
+    """The KV positions to allocate up front for `capacity` reachable tokens (0: grow as needed)."""
+    return capacity if capacity <= PREALLOC_TOKENS else 0
+
+
+def check_prompt(prompt: Sequence[int], vocab: int, context: int | None) -> None:
+    """A prompt is one or more token ids of the vocabulary, shorter than the context; else a ValueError."""
+    if len(prompt) == 0:
+        raise ValueError("every prompt needs at least one token")
+    for t in prompt:
+        try:
+            ok = not isinstance(t, bool) and 0 <= operator.index(t) < vocab
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"prompt token {t!r} is not an id of the vocabulary of {vocab} (0..{vocab - 1})")
+    if context is not None and len(prompt) >= context:
+        raise ValueError(f"the prompt has {len(prompt)} tokens, but the model's context is {context} "
+                         "(max_position_embeddings in config.json), prompt and reply included; shorten it")
+
 
 @dataclass
 class _Options:
@@ -55,8 +82,8 @@ class Generation:
     def __init__(self, model: ElasticModel, prompts: Sequence[Sequence[int]], req: Request,
                  session: Session | None = None, mark: int | None = None,
                  cancel: threading.Event | None = None):
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
+        for p in prompts:
+            check_prompt(p, model.config.vocab_size, model.context_limit)
         if session is not None and len(prompts) != 1:
             raise ValueError("a session holds one sequence; batch generations run without one")
         self.model, self.req = model, req
@@ -86,8 +113,7 @@ class Generation:
     def add(self, prompt: Sequence[int], req: Request | None = None) -> int:
         """Start another row (its own Request, default: the generation's); it joins at the next step.
         Returns its index (the `row` of its events). Unknown budget names raise KeyError here."""
-        if len(prompt) == 0:
-            raise ValueError("every prompt needs at least one token")
+        check_prompt(prompt, self.model.config.vocab_size, self.model.context_limit)
         if self.session is not None:
             raise ValueError("a session holds one sequence; batch generations run without one")
         return self._add(prompt, self._default if req is None else self._compile(req))
@@ -98,8 +124,8 @@ class Generation:
         for name in budget_of.values():
             self.model.budget(name)  # unknown names fail here, before any work
         sampling = req.sampling
-        return _Options(req, Rules.of(req, self.sp, self.tokenizer), sampling, sampling.generator(self.model.device),
-                        budget_of)
+        rules = Rules.of(req, self.sp, self.tokenizer, self.model.context_limit)
+        return _Options(req, rules, sampling, sampling.generator(self.model.device), budget_of)
 
     def _add(self, prompt: Sequence[int], opts: _Options) -> int:
         index, self._next = self._next, self._next + 1
@@ -107,7 +133,7 @@ class Generation:
         self.rows[index], self.options[index] = row, opts
         self._pending += self._tokens(row, row.start(), opts.budget_of["think"])
         if not row.finished:
-            self.states.join(1, row.capacity)
+            self.states.join(1, preallocated(row.capacity))
             self.active.append(index)
         return index
 
@@ -197,9 +223,10 @@ class Generation:
         return tokens
 
     def _capacity(self) -> int:
-        """Tokens the longest active row can reach, so KV caches are allocated once (0: a limit is open)."""
+        """Tokens the longest active row can reach, so KV caches are allocated once (0: a limit is open, or
+        so far off that the caches grow instead: see PREALLOC_TOKENS)."""
         caps = [self.rows[i].capacity for i in self.active]
-        return 0 if not caps or 0 in caps else max(caps)
+        return 0 if not caps or 0 in caps else preallocated(max(caps))
 
     def _drop_finished(self) -> None:
         keep = [pos for pos, i in enumerate(self.active) if not self.rows[i].finished]

@@ -12,6 +12,7 @@ from ..model.config import NemotronHConfig
 from ..model.schema import stored_budget
 from ..paths import default_model
 from ..progress import Progress
+from .chat import ChatTemplate
 from .elastic_model import ElasticModel
 from .tokenizer import Tokenizer
 
@@ -27,6 +28,12 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     `precision`: None keeps what the file stores; "fp8" / "nvfp4" from a BF16 file quantize while loading
     (`keep`: module patterns left in high precision); "bf16" from a quantized file dequantizes."""
     path = Path(path) if path is not None else default_model()
+    tokenizer = Tokenizer.from_dir(path) if (path / "config.json").is_file() else None
+    if tokenizer is not None and tokenizer.chat_template is not None:  # broken: an error now, not at a prompt
+        try:
+            ChatTemplate(tokenizer.chat_template)
+        except ValueError as e:
+            raise ValueError(f"{tokenizer.template_file}: {e}") from None
     auto = budget == "auto" or precision == "auto"
     if dtype is None:  # what the fit planner assumes (bf16 compute), except plain CPU runs: float32, exact
         dtype = torch.bfloat16 if auto or torch.device(device).type == "cuda" else torch.float32
@@ -43,4 +50,4 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     resident = budgets[budget] if budget is not None else next(iter(budgets.values()))
     net = load_network(path, resident=resident, stored=stored_budget(cfg), dtype=dtype, device=device,
                        progress=progress, precision=precision, keep=keep)
-    return ElasticModel(net, {k: b for k, b in budgets.items() if b.fits_in(resident)}, path, Tokenizer.from_dir(path))
+    return ElasticModel(net, {k: b for k, b in budgets.items() if b.fits_in(resident)}, path, tokenizer)

@@ -58,8 +58,8 @@ class Request:
         self.stop_ids = tuple(self.stop_ids)
         for name in ("max_think_tokens", "max_answer_tokens"):
             n = getattr(self, name)
-            if n is not None and n < 0:
-                raise ValueError(f"{name}={n} must be >= 0 (or None)")
+            if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+                raise ValueError(f"{name}={n!r} must be a whole number >= 0 (or None: no limit)")
 
     @property
     def sampling(self) -> Sampling:
@@ -89,16 +89,17 @@ class Rules:
     stops: frozenset[int]  # token ids that end the sequence
     eos: frozenset[int]  # those of them reported as "eos" (none with ignore_eos)
     close_ids: tuple[int, ...]  # appended when the think budget runs out: the closing text, then `</think>`
+    context: int | None = None  # tokens a row may fill, prompt included (None: no limit)
 
     @classmethod
-    def of(cls, req: Request, sp: Specials, tokenizer: Tokenizer | None) -> Rules:
+    def of(cls, req: Request, sp: Specials, tokenizer: Tokenizer | None, context: int | None = None) -> Rules:
         eos = frozenset() if req.ignore_eos else sp.eos
         close: list[int] = []
         if sp.think_end is not None:
             text = tokenizer.encode(req.think_close) if tokenizer is not None and req.think_close else []
             close = text + [sp.think_end]
         return cls(sp, req.max_think_tokens, req.max_answer_tokens, req.stop, eos | frozenset(req.stop_ids), eos,
-                   tuple(close))
+                   tuple(close), context)
 
 
 @dataclass(frozen=True)
@@ -138,8 +139,9 @@ class Row:
         r = self.rules
         thinking = self.phase == "think"
         if r.max_answer is None or (thinking and r.max_think is None):
-            return 0
-        return len(self.ids) + (r.max_think + len(r.close_ids) if thinking else 0) + r.max_answer
+            return r.context or 0
+        need = len(self.ids) + (r.max_think + len(r.close_ids) if thinking else 0) + r.max_answer
+        return min(need, r.context) if r.context else need
 
     @property
     def finished(self) -> bool:
@@ -167,11 +169,15 @@ class Row:
         text = self._push_text(tok)
         if phase == "think":
             pieces = [Piece(tok, text, phase, False)]
-            if r.max_think is not None and self.generated["think"] >= r.max_think:
+            if r.context is not None and len(self.ids) >= r.context:
+                pieces[-1] = Piece(tok, text + self._finish("context_limit", flush=True), phase, False)
+            elif r.max_think is not None and self.generated["think"] >= r.max_think:
                 pieces += self._close_thinking()
             return pieces
         if not self.finished and r.max_answer is not None and self.generated["answer"] >= r.max_answer:
             text += self._finish("answer_limit", flush=True)
+        if not self.finished and r.context is not None and len(self.ids) >= r.context:
+            text += self._finish("context_limit", flush=True)
         return [Piece(tok, text, phase, False)]
 
     def cancel(self) -> None:

@@ -3,6 +3,7 @@ min-p (in that order, as transformers applies them) and a draw from a seeded gen
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -17,11 +18,20 @@ class Sampling:
     seed: int | None = None  # None: torch's global generator
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature} must be >= 0")
-        if self.top_k < 0 or not 0 < self.top_p <= 1 or not 0 <= self.min_p <= 1:
-            raise ValueError(f"need top_k >= 0, 0 < top_p <= 1, 0 <= min_p <= 1; got {self.top_k}, "
-                             f"{self.top_p}, {self.min_p}")
+        def number(name: str) -> float:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+                raise ValueError(f"{name}={v!r} is not a number")
+            return v
+
+        if not 0 <= number("temperature") < math.inf:
+            raise ValueError(f"temperature={self.temperature!r} must be a finite number >= 0 (0 = greedy)")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k!r} must be a whole number >= 0 (0 = all tokens)")
+        if not 0 < number("top_p") <= 1:
+            raise ValueError(f"top_p={self.top_p!r} must be in (0, 1] (1 = all tokens)")
+        if not 0 <= number("min_p") <= 1:
+            raise ValueError(f"min_p={self.min_p!r} must be in [0, 1] (0 = off)")
 
     @property
     def greedy(self) -> bool:

@@ -23,7 +23,16 @@ def _token_text(value: Any) -> str | None:
 
 
 def _read_json(file: Path) -> dict:
-    return json.loads(file.read_text()) if file.is_file() else {}
+    """A JSON object from `file` ({} when absent); a corrupt one is a ValueError naming the file."""
+    if not file.is_file():
+        return {}
+    try:
+        d = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file}: not valid JSON ({e}); re-download or re-export it") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{file}: not a JSON object; re-download or re-export it")
+    return d
 
 
 class Tokenizer:
@@ -33,6 +42,7 @@ class Tokenizer:
         self.tok: _Tokenizer = tok
         self.config = config or {}
         self.chat_template = chat_template
+        self.template_file: Path | None = None  # where chat_template came from (for errors)
         self.bos_token = _token_text(self.config.get("bos_token"))
         self.eos_token = _token_text(self.config.get("eos_token"))
 
@@ -47,13 +57,20 @@ class Tokenizer:
         if not (path / "tokenizer.json").is_file():
             return None
         config = _read_json(path / "tokenizer_config.json")
-        template = config.get("chat_template")
+        template, where = config.get("chat_template"), path / "tokenizer_config.json"
         if isinstance(template, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
             named = {t.get("name"): t.get("template") for t in template}
             template = named.get("default", next(iter(named.values()), None))
         if template is None and (path / "chat_template.jinja").is_file():
-            template = (path / "chat_template.jinja").read_text()
-        return cls(_Tokenizer.from_file(str(path / "tokenizer.json")), config, template)
+            template, where = (path / "chat_template.jinja").read_text(), path / "chat_template.jinja"
+        try:
+            tok = _Tokenizer.from_file(str(path / "tokenizer.json"))
+        except Exception as e:  # the tokenizers library raises a bare Exception with a parser's message
+            raise ValueError(f"{path / 'tokenizer.json'}: not a tokenizer the `tokenizers` library reads ({e}); "
+                             "re-download or re-export it") from None
+        out = cls(tok, config, template)
+        out.template_file = where if template is not None else None
+        return out
 
     @property
     def vocab_size(self) -> int:

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from ..engine.elastic_model import ElasticModel
 from ..model.budget import count_params
 from ..tasks.corpus import check, items, prompt_messages
@@ -92,9 +94,14 @@ def score(model: ElasticModel, its: list[Item], think: str, answer: str, precisi
 
 def evaluate(path: str | Path | None, per_cell: int = 5, levels: tuple[int, ...] = ALL_LEVELS,
              precisions: tuple[str, ...] = ("bf16", "fp8", "nvfp4"), compare: str | Path | None = None,
-             batch_size: int = 32, seed: int = 1234, progress: Progress | None = None) -> dict:
-    """The whole report as a dict (see report.py for the table and the plot)."""
-    from ..engine.load import load
+             batch_size: int = 32, seed: int = 1234, progress: Progress | None = None, device: str = "cpu",
+             dtype: torch.dtype | None = None) -> dict:
+    """The whole report as a dict (see report.py for the table and the plot). Every model loads with its
+    whole table resident on `device` (`dtype` None: the loader's default for the device)."""
+    from ..engine.load import load as load_model
+
+    def load(where, precision: str | None = None) -> ElasticModel:
+        return load_model(where, precision=precision, device=device, dtype=dtype)
 
     its = eval_items(per_cell, seed, levels)
     say = progress or (lambda _m: None)

@@ -3,21 +3,13 @@
     plan_checkpoint(path, profile, context=32768) -> Plan      every (budget, precision), the pick
     choose(path, device=None) -> (budget, precision)           the pick on the live machine, for load("auto")
 
-What a directory offers (`offers`):
-- a BF16 file (or any unquantized float file: it is cast to bf16 while loading): bf16 "stored", fp8 and
-  nvfp4 by "load-time quantization" of it;
-- an FP8 or NVFP4 file (its `hf_quant_config.json` says which, as the loader reads it): that precision
-  only; bf16 is not offered (dequantizing gains nothing but memory use), nor another quantized format;
-- a config-only directory (no weights, e.g. the shipped Star Elastic description): a plan before
-  downloading. bf16 is "stored"; fp8/nvfp4 are "stored" where a `release.json` beside config.json lists a
-  published file for them (with the modules it keeps in BF16), else "load-time quantization".
+What a directory offers (bf16 stored, fp8/nvfp4 stored or by load-time quantization) and the bytes each
+form keeps resident are `checkpoint/offers.py`'s, which `info` prints too.
 
 Weight bytes are exact: quant/scheme.py `weight_bytes` sums the tensors a budget holds at a precision, in
 Model Optimizer's layout, as this runtime keeps them resident (high-precision tensors in bf16, router,
-A_log, D, dt_bias in fp32). For a stored quantized file the modules kept in high precision are read from
-the safetensors headers, not from `exclude_modules` (modelopt 0.47 writes corrupted entries, SPEC section
-5). `header_bytes` sums the same slices from the headers; for a BF16 or quantized file the two agree
-(tests/test_fit.py).
+A_log, D, dt_bias in fp32). `header_bytes` sums the same slices from the headers; for a BF16 or quantized
+file the two agree (tests/test_fit.py).
 
 The workload is this runtime's (model/nemotron_h.py): prefill in chunks of 1024 tokens, logits for the
 last position only, KV cache and Mamba conv state in the compute dtype (bf16), SSM state in fp32, one
@@ -28,33 +20,22 @@ hybrid cache per budget taking part (chat: think + answer = 2). The plan is for 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 from ..checkpoint.files import CheckpointError, TensorInfo
-from ..checkpoint.load import checkpoint_tensors
+from ..checkpoint.offers import offers, release_precisions, weight_tensors
 from ..elastic.table import read_budgets
 from ..model.budget import Budget
 from ..model.config import NemotronHConfig
 from ..model.cost import PREFILL_CHUNK, arch_shape
 from ..model.schema import expected_shapes, stored_budget
-from ..quant.scheme import is_quantized, module_of, read_quant_config, weight_bytes
-from .planner import PRECISIONS, Plan, WeightOption, Workload, plan
+from ..quant.scheme import weight_bytes
+from .planner import Plan, WeightOption, Workload, plan
 from .probe import probe_machine
 from .profiles import GIB, Profile, get_profile, profile_from_probe
 
 STAR_ELASTIC = Path(__file__).resolve().parents[1] / "catalog" / "star-elastic"
 COMPUTE_BYTES = 2  # bf16: KV cache, conv state and activations are in the compute dtype
-_QUANT_DTYPES = {"U8", "F8_E4M3"}  # what a quantized Linear weight is stored as (NVFP4 packed bytes, FP8)
-
-
-@dataclasses.dataclass(frozen=True)
-class Offer:
-    """One precision a directory can be loaded in."""
-
-    precision: str
-    source: str  # "stored" | "load-time quantization"
-    keep: tuple[str, ...] = ()  # module globs kept in high precision (Model Optimizer's exclude_modules)
 
 
 def runtime_workload(context: int = 32768, caches: int = 2, batch: int = 1,
@@ -63,50 +44,6 @@ def runtime_workload(context: int = 32768, caches: int = 2, batch: int = 1,
     return Workload(context=context, batch=batch, caches=caches, prefill_chunk=PREFILL_CHUNK, logits_tokens=1,
                     kv_dtype_bytes=COMPUTE_BYTES, conv_dtype_bytes=COMPUTE_BYTES, act_bytes=COMPUTE_BYTES,
                     margin_bytes=margin_bytes)
-
-
-def weight_tensors(path: Path) -> dict[str, TensorInfo] | None:
-    """Every tensor of the directory's weight files; None for a config-only directory."""
-    if not (path / "model.safetensors.index.json").is_file() and not any(path.glob("model*.safetensors")):
-        return None
-    return checkpoint_tensors(path)
-
-
-def header_keep(tensors: dict[str, TensorInfo]) -> tuple[str, ...]:
-    """Modules a quantized file keeps in high precision: quantizable Linear weights not stored quantized."""
-    return tuple(sorted(module_of(n) for n, t in tensors.items()
-                        if is_quantized(n) and t.dtype not in _QUANT_DTYPES and not n.startswith("mtp.")))
-
-
-def offers(path: str | Path, cfg: NemotronHConfig | None = None,
-           tensors: dict[str, TensorInfo] | None = None) -> list[Offer]:
-    """What the directory can be loaded as (module docstring). Pass `cfg` and `tensors` when already read."""
-    path = Path(path)
-    cfg = cfg or NemotronHConfig.from_dir(path)
-    tensors = weight_tensors(path) if tensors is None else tensors
-    if tensors is None:
-        release = _release(path)
-        return [Offer("bf16", "stored")] + [
-            Offer(p, "stored", tuple(release[p]["exclude_modules"])) if p in release
-            else Offer(p, "load-time quantization") for p in PRECISIONS[1:]]
-    stored = read_quant_config(path)[0]  # what the loader reads: hf_quant_config.json
-    if stored == "bf16":
-        return [Offer("bf16", "stored"), *(Offer(p, "load-time quantization") for p in PRECISIONS[1:])]
-    if not any(t.dtype in _QUANT_DTYPES for t in tensors.values()):
-        raise CheckpointError(f"{path}: its quantization config says {stored.upper()} but no weight in the "
-                              "safetensors headers is stored quantized")
-    return [Offer(stored, "stored", header_keep(tensors))]
-
-
-def _release(path: Path) -> dict:
-    """release.json beside a config-only description: {"precisions": {"fp8": {"exclude_modules": [...]}}}."""
-    file = path / "release.json"
-    if not file.is_file():
-        return {}
-    try:
-        return json.loads(file.read_text()).get("precisions", {})
-    except (json.JSONDecodeError, AttributeError) as e:
-        raise CheckpointError(f"{file}: not valid ({e})") from None
 
 
 def header_bytes(tensors: dict[str, TensorInfo], cfg: NemotronHConfig, b: Budget) -> int:
@@ -144,9 +81,9 @@ def plan_checkpoint(path: str | Path, profile: Profile, context: int = 32768, ca
     options = []
     for name, b in budgets.items():
         for o in available:
-            k = o.keep if o.source == "stored" else keep
-            options.append(WeightOption(name, o.precision, weight_bytes(cfg, b, o.precision, k),
-                                        weight_bytes(cfg, b, o.precision, k, active=True), o.source))
+            options.append(WeightOption(name, o.precision, o.resident_bytes(cfg, b, keep),
+                                        o.resident_bytes(cfg, b, keep, active=True), o.source,
+                                        weight_bytes(cfg, b, "bf16", active=True)))
     return plan(profile, shapes, options, runtime_workload(context, caches, batch, margin_bytes))
 
 
@@ -205,6 +142,33 @@ def summary(p: Plan) -> str:
             f"{c.total_bytes / GIB:.2f} of {p.available_bytes / GIB:.2f} GiB{speed}.")
 
 
+def next_steps(path: str | Path, p: Plan) -> list[str]:
+    """What to run after `fit`: the pick as an `elastic-chat` command; for a description that holds no
+    weights, where the pick's file is published and the embedded demo model to chat with meanwhile."""
+    c = p.pick
+    if c is None:
+        return []
+    path = Path(path)
+    device = " --device cuda" if p.profile.kind == "cuda" else ""
+    precision = c.precision if c.source == "stored" else f"{c.precision} (quantized while loading)"
+    if weight_tensors(path) is not None:
+        return [f"elastic-chat {path} --budget {c.budget} --precision {c.precision}{device}"
+                f"    # chat with {c.budget} in {precision}"]
+    release = release_precisions(path)
+    file = c.precision if c.source == "stored" else "bf16"
+    repo = release.get(file, {}).get("repo")
+    if repo is None:
+        return [f"{path} holds no weights: put the checkpoint's safetensors beside its config.json, then "
+                f"elastic-chat DIR --budget {c.budget} --precision {c.precision}{device}",
+                "elastic-chat    # meanwhile: the embedded demo model, no download"]
+    local = f"~/models/{repo.split('/')[-1]}"
+    return [f"# {path.name} is a description: it holds no weights, and elastic-local never downloads. "
+            f"The {file.upper()} file ({c.budget} is a slice of it) is published as {repo}:",
+            f"hf download {repo} --local-dir {local}",
+            f"elastic-chat {local} --budget {c.budget} --precision {c.precision}{device}",
+            "elastic-chat    # meanwhile: the embedded demo model, no download"]
+
+
 def fit_report(path: str | Path, p: Plan) -> dict:
     """The plan as one JSON-ready object (the `fit --json` contract: sizes in bytes)."""
-    return {"checkpoint": str(path), "summary": summary(p), **p.to_dict()}
+    return {"checkpoint": str(path), "summary": summary(p), **p.to_dict(), "next": next_steps(path, p)}

@@ -61,6 +61,9 @@ class WeightOption:
     weights_bytes: int
     active_bytes: int  # weights read per decoded token (active experts only): sets the decode ceiling
     source: str = "stored"  # "stored" | "load-time quantization"
+    # Active bytes of the same budget in bf16. A precision computed by dequantizing writes and reads a bf16
+    # tile for every weight tile it reads, so its ceiling is at best bf16's, never the packed bytes'.
+    bf16_active_bytes: int | None = None
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -180,11 +183,12 @@ def _candidate(profile: Profile, shape: ArchShape, o: WeightOption, w: Workload,
     reason = "" if fits else (f"needs {total / GIB:.2f} GiB, {(total - available) / GIB:.2f} GiB more than "
                               f"the {available / GIB:.2f} GiB available")
     bw = profile.memory_bandwidth_gbps
+    read = o.active_bytes if native or o.bf16_active_bytes is None else max(o.active_bytes, o.bf16_active_bytes)
     return Candidate(
         budget=o.budget, precision=o.precision, source=o.source, weights_bytes=o.weights_bytes, kv_bytes=kv,
         state_bytes=state, workspace_bytes=work, overhead_bytes=overhead, margin_bytes=margin,
         total_bytes=total, fits=fits, native=native,
-        decode_tps_ceiling=None if not bw else bw * 1e9 / o.active_bytes, reason=reason, note=note,
+        decode_tps_ceiling=None if not bw else bw * 1e9 / read, reason=reason, note=note,
     )
 
 

@@ -11,8 +11,10 @@ available to us, which is the most common reason local runners run out of memory
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+import time
 from dataclasses import asdict, dataclass, field
 
 import psutil
@@ -70,6 +72,7 @@ class MachineProbe:
     cpu_physical_cores: int | None
     cpu_logical_cores: int | None
     notes: list[str] = field(default_factory=list)
+    ram_read_gbps: float | None = None  # measured when no GPU runs the model: the CPU's decode ceiling
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -232,6 +235,25 @@ def _probe_torch(notes: list[str]) -> _TorchView:
     return t
 
 
+@functools.cache
+def ram_read_bandwidth_gbps(mib: int = 256, reps: int = 3) -> float | None:
+    """RAM read bandwidth as torch's CPU kernels see it (GB/s): the best of `reps` sums over a buffer far
+    larger than any cache. Decode on a CPU reads every active weight once per token, so this bounds its
+    speed the way a GPU's memory bandwidth does. Measured once per process (~0.3 s); None without torch."""
+    if not _has("torch"):
+        return None
+    import torch
+
+    x = torch.ones(mib * 2**20 // 4)
+    x.sum()  # first touch: page faults are not bandwidth
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return x.numel() * 4 / best / 1e9
+
+
 def probe_machine() -> MachineProbe:
     """Read the machine as it is now. Never raises; reasons for a CPU-only result go to `notes`."""
     notes: list[str] = []
@@ -260,5 +282,5 @@ def probe_machine() -> MachineProbe:
         mamba_ssm=mamba, causal_conv1d=conv,
         ram_total_bytes=vm.total, ram_available_bytes=vm.available,
         cpu_physical_cores=psutil.cpu_count(logical=False), cpu_logical_cores=psutil.cpu_count(logical=True),
-        notes=notes,
+        notes=notes, ram_read_gbps=None if gpus or t.cuda else ram_read_bandwidth_gbps(),
     )

@@ -240,11 +240,12 @@ def profile_from_probe(p: MachineProbe, device: int | None = None) -> Profile:
             reserved_bytes=p.ram_total_bytes - p.ram_available_bytes,
             notes="; ".join([ram, *p.notes]), source="torch.cuda + psutil",
         )
+    bw = [] if p.ram_read_gbps is None else [f"RAM read {p.ram_read_gbps:.1f} GB/s measured now"]
     return Profile(
         name="auto", description=f"live: CPU ({p.cpu_physical_cores} cores)", kind="cpu",
-        memory_bytes=p.ram_total_bytes, memory_bandwidth_gbps=None,
+        memory_bytes=p.ram_total_bytes, memory_bandwidth_gbps=p.ram_read_gbps,
         reserved_bytes=p.ram_total_bytes - p.ram_available_bytes,
-        notes="; ".join([ram, *p.notes]), source="psutil",
+        notes="; ".join([ram, *bw, *p.notes]), source="psutil",
     )
 
 

@@ -30,6 +30,18 @@ def _float(value: Any) -> float:
     return float(value)
 
 
+def _fits_type(value: Any, default: Any) -> bool:
+    """Whether a config.json value has the kind of its field's default (bool, whole number, number)."""
+    if isinstance(default, bool):
+        return isinstance(value, bool) or value in (0, 1)
+    if isinstance(default, int):
+        whole = isinstance(value, int) or isinstance(value, float) and value.is_integer()
+        return not isinstance(value, bool) and (whole or isinstance(value, list))  # eos_token_id may be a list
+    if isinstance(default, float):
+        return not isinstance(value, bool) and isinstance(value, (int, float))
+    return True
+
+
 @dataclass(frozen=True)
 class NemotronHConfig:
     vocab_size: int
@@ -106,6 +118,12 @@ class NemotronHConfig:
                     return d[key]
             return cls.__dataclass_fields__[name].default
 
+        for name, f in cls.__dataclass_fields__.items():  # a number where the dataclass expects one
+            if d.get(name) is not None and not _fits_type(d[name], f.default):
+                raise fail(f"{name} is {d[name]!r}; expected {type(f.default).__name__} like {f.default!r}")
+        for name in ("vocab_size", "hidden_size"):
+            if name in d and (isinstance(d[name], bool) or not isinstance(d[name], int) or d[name] <= 0):
+                raise fail(f"{name} is {d[name]!r}; expected a positive integer")
         limit = get("time_step_limit", "mamba_dt_limit")
         kwargs = {
             name: get(name) for name in cls.__dataclass_fields__

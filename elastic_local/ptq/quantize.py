@@ -15,7 +15,7 @@ import torch
 
 from ..checkpoint.files import Reader
 from ..checkpoint.load import checkpoint_tensors, load_network
-from ..checkpoint.write import CheckpointWriter
+from ..checkpoint.write import CheckpointWriter, check_output
 from ..elastic.importance import calibration_ids
 from ..elastic.select import select_plan, take
 from ..elastic.slice import prefix_selection
@@ -53,6 +53,7 @@ def quantize_checkpoint(src: str | Path, out: str | Path, precision: str, calib:
                         max_tokens: int = 4096, seq_len: int = 512, progress: Progress | None = None,
                         overwrite: bool = False) -> Path:
     src = Path(src)
+    check_output(out, overwrite, [src])  # before the calibration pass
     if precision not in QUANT_ALGO:
         raise ValueError(f"--precision {precision!r}: choose from {sorted(QUANT_ALGO)}")
     cfg = NemotronHConfig.from_dir(src)
@@ -82,7 +83,7 @@ def quantize_checkpoint(src: str | Path, out: str | Path, precision: str, calib:
          "exclude_modules": excluded}
     config = dict(cfg.raw)
     config["quantization_config"] = {"quant_method": "modelopt", **q}
-    with CheckpointWriter(out, overwrite=overwrite) as w:
+    with CheckpointWriter(out, overwrite=overwrite, sources=[src]) as w:
         for k, (name, req) in enumerate(plan):
             src_name = req[0]
             t = take(reader, *req)

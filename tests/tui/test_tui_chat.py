@@ -96,3 +96,19 @@ async def test_a_new_app_finds_the_conversation_in_the_history(model):
         await send(pilot, "What is 12 + 30?")  # the conversation goes on where it was
         await wait_until(pilot, lambda: session(pilot).turn and session(pilot).turn.reply.status == "done")
         assert len(Store().conversation(again.screen.conversation_id).messages) == 4
+
+
+async def test_a_message_past_the_context_is_an_error_that_keeps_the_text_and_saves_nothing(model, monkeypatch):
+    monkeypatch.setitem(model.config.raw, "max_position_embeddings", 64)
+    app = make_app(model)
+    notes, notify = [], app.notify
+    monkeypatch.setattr(app, "notify", lambda message, **kw: (notes.append(message), notify(message, **kw)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        long = "word " * 200
+        await send(pilot, long)
+        await wait_until(pilot, lambda: app.screen.query_one(PromptInput).text.strip() == long.strip())
+        assert session(pilot).turn is None and not session(pilot).streaming
+        assert any("past the context of 64" in n and "Ctrl+N" in n for n in notes), notes
+        assert Store().conversation(app.screen.conversation_id).messages == []
+        await send(pilot, QUESTION)  # the app still works
+        await wait_until(pilot, lambda: session(pilot).turn and session(pilot).turn.reply.status == "done")

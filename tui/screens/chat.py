@@ -123,7 +123,12 @@ class ChatScreen(Screen):
         if self.busy():
             self.query_one(PromptInput).restore(text)
             return
-        self.turn = self.session.start(self.conversation_id, text)
+        try:
+            self.turn = self.session.start(self.conversation_id, text, self.context or None)
+        except ValueError as e:  # bad input (a message past the context): say so, keep the text to edit
+            self.query_one(PromptInput).restore(text)
+            self.notify(str(e), severity="error")
+            return
         self.reply = self.turn.reply
         message = await self.query_one(ConversationView).add_turn(text, self.turn.reply)
         self.generate(self.turn, message)
