@@ -10,7 +10,7 @@ from pathlib import Path
 import elastic_local
 from elastic_local.engine import ElasticModel
 from elastic_local.hardware import Plan, get_profile
-from elastic_local.hardware.fit import plan_checkpoint, summary
+from elastic_local.hardware.fit import live_profile, plan_checkpoint, summary
 from elastic_local.hardware.profiles import GIB
 from elastic_local.paths import default_model
 from elastic_local.progress import Progress
@@ -23,7 +23,12 @@ class Options:
     context: int = 4096
     budget: str | None = None  # None: the planner's pick
     precision: str | None = None  # None: the planner's pick
-    device: str = "cpu"
+    device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu (as every elastic-local command)
+
+    def __post_init__(self) -> None:
+        from elastic_local.cli import resolve_device
+
+        self.device = resolve_device(self.device)  # cuda without a GPU is a ValueError naming the fix
 
 
 @dataclass
@@ -52,8 +57,10 @@ def model_dir(arg: str | None) -> Path:
 
 
 def plan(o: Options) -> tuple[Plan, Pick]:
-    """The fit planner's view of the model on the machine, and the pick (options given win over it)."""
-    p = plan_checkpoint(o.dir, get_profile(o.profile), context=o.context)
+    """The fit planner's view of the model on the machine, and the pick (options given win over it). With
+    profile auto it plans for the device the model loads on: the GPU, or this machine's RAM for cpu."""
+    profile = live_profile(o.device) if o.profile == "auto" else get_profile(o.profile)
+    p = plan_checkpoint(o.dir, profile, context=o.context)
     c = p.pick
     if c is None and (o.budget is None or o.precision is None):
         raise ValueError(summary(p))
@@ -78,7 +85,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=4096, help="tokens of context to plan for (default 4096)")
     p.add_argument("--budget", help="resident budget (default: the planner's pick)")
     p.add_argument("--precision", choices=["bf16", "fp8", "nvfp4"], help="weights' precision (default: the pick)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument("--device", default="auto",
+                   help="cpu, cuda or cuda:N (default auto: cuda when torch sees a GPU, else cpu)")
     p.add_argument("--think-budget", help="budget that thinks (default: the largest resident one)")
     p.add_argument("--answer-budget", help="budget that answers (default: the largest resident one)")
     p.add_argument("--max-think-tokens", type=int, default=1024, help="think token budget (default 1024)")
