@@ -64,7 +64,9 @@ def make_checkpoint(path: Path, seed: int = 0, **overrides):
 
 def hf_logits(model, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
-        return model(ids).logits.float()
+        # use_cache=False: transformers 5.x builds a cache whose layer 0 is a DummyLayer when the pattern
+        # starts with an MoE or MLP block, then asks it for get_seq_length (AttributeError)
+        return model(ids, use_cache=False).logits.float()
 
 
 # 16-aligned sizes, so every budget cut is a whole NVFP4 block (Mamba: 8-wide heads x 2 groups per rank)
