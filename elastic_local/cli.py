@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -26,6 +28,8 @@ COMMAND_MODULES: list[str] = [
     "elastic_local.evaluate.cli",
 ]
 DTYPES = ("float32", "bfloat16", "float16")
+OFFLINE_DEVICE_HELP = ("where {what}: cpu, cuda or cuda:N (default auto: the GPU when the parent fits it in "
+                       "float32, else the CPU)")
 OVERWRITE_HELP = "replace OUT if it exists (it is replaced only once the new one is complete)"
 
 
@@ -92,6 +96,24 @@ def resolve_device(device: str) -> str:
                          f"({'a CPU-only build' if torch.version.cuda is None else 'no device visible'}); "
                          "use --device cpu")
     return device
+
+
+def offline_device(device: str, src: str) -> str:
+    """--device of `nest` and `quantize`, which hold the whole parent in float32: auto takes the GPU only when
+    those bytes fit its free memory (with a fifth to spare for activations), else the CPU, saying why."""
+    import torch
+
+    from .checkpoint.load import checkpoint_tensors
+
+    if device != "auto" or not torch.cuda.is_available():
+        return resolve_device(device)
+    need = 4 * sum(math.prod(t.shape) for t in checkpoint_tensors(Path(src)).values())
+    free = torch.cuda.mem_get_info()[0]
+    if need * 1.2 <= free:
+        return "cuda"
+    print(f"--device auto: the parent in float32 takes {need / 2**30:.1f} GiB, the GPU has {free / 2**30:.1f} GiB "
+          "free; running on the CPU (--device cuda to try anyway)", file=sys.stderr)
+    return "cpu"
 
 
 def load_from_args(args: argparse.Namespace, path: str | None = None,
@@ -208,8 +230,6 @@ def _generation_options(args: argparse.Namespace) -> dict:
 
 def _prompt_text(args: argparse.Namespace) -> str:
     """The user message: --prompt, --file (`-` = stdin), or stdin when it is piped and neither is given."""
-    from pathlib import Path
-
     if args.prompt is not None and args.file is not None:
         raise ValueError("give the prompt once: --prompt TEXT or --file FILE, not both")
     if args.prompt is not None:
@@ -311,7 +331,8 @@ def cmd_nest(args: argparse.Namespace) -> int:
     from .elastic.nest import nest
 
     out = nest(args.src, args.out, _budgets(args.budget), calib=args.calib, axes=tuple(args.axes.split(",")),
-               heterogeneous=args.heterogeneous, full_name=args.full_name, device=args.device,
+               heterogeneous=args.heterogeneous, full_name=args.full_name,
+               device=offline_device(args.device, args.src),
                progress=_Bar("nest"), overwrite=args.overwrite)
     print(f"wrote {out}")
     return cmd_info(argparse.Namespace(dir=out, json=False))
@@ -340,8 +361,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from .ptq import quantize_checkpoint
 
     out = quantize_checkpoint(args.dir, args.out, args.precision, calib=args.calib, keep=tuple(args.keep),
-                              preset=args.preset, device=args.device, progress=_Bar("quantize"),
-                              overwrite=args.overwrite)
+                              preset=args.preset, device=offline_device(args.device, args.dir),
+                              progress=_Bar("quantize"), overwrite=args.overwrite)
     print(f"wrote {out}")
     return cmd_info(argparse.Namespace(dir=out, json=False))
 
@@ -367,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "shared_channels, mlp_channels, depth")
     p.add_argument("--heterogeneous", action="store_true", help="allow per-layer sizes")
     p.add_argument("--full-name", default="full", help="name of the full model's budget")
-    p.add_argument("--device", default="cpu", help="where the model is scored (default cpu)")
+    p.add_argument("--device", default="auto", help=OFFLINE_DEVICE_HELP.format(what="the model is scored"))
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
     p = add_command(sub, "slice", cmd_slice, "extract one budget as a standalone checkpoint")
@@ -386,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="module name pattern to leave in BF16, e.g. 'backbone.layers.5.mixer.*' (repeatable)")
     p.add_argument("--preset", choices=["nano"], help="nano: attention layers and the Mamba layers feeding them "
                                                      "stay BF16 (NVIDIA's conservative recipe)")
-    p.add_argument("--device", default="cpu", help="where calibration runs (default cpu)")
+    p.add_argument("--device", default="auto", help=OFFLINE_DEVICE_HELP.format(what="calibration runs"))
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
     p = add_command(sub, "generate", cmd_generate, "answer one prompt, streaming thinking and answer")

@@ -46,3 +46,20 @@ def test_cuda_without_a_gpu_is_a_clear_error(tmp_path, capsys):
     write_tokenizer(tmp_path)
     assert main(["generate", str(tmp_path), "--prompt", "x", "--device", "cuda"]) == 2
     assert "sees no CUDA GPU" in capsys.readouterr().err
+
+
+def test_offline_tools_take_the_gpu_only_when_the_float32_parent_fits(tmp_path, monkeypatch, capsys):
+    from elastic_local.cli import offline_device
+
+    make_checkpoint(tmp_path, seed=3)
+    params = sum(p.numel() for p in make_checkpoint(tmp_path / "again", seed=3).parameters())
+    assert offline_device("auto", str(tmp_path)) == ("cuda" if torch.cuda.is_available() else "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (int(4 * params * 1.25), 0))
+    assert offline_device("auto", str(tmp_path)) == "cuda"
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (4 * params, 0))  # no room for activations
+    assert offline_device("auto", str(tmp_path)) == "cpu"
+    assert "in float32 takes" in capsys.readouterr().err
+    assert offline_device("cpu", str(tmp_path)) == "cpu"
+    for name in ("nest", "quantize"):
+        assert _subcommands()[name].get_default("device") == "auto"
