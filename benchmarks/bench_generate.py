@@ -8,7 +8,7 @@ groups, 12 query / 2 KV heads, 32 experts top-4 of 384 channels, shared expert 7
 the vocabulary is kept small so that, as in the real 30B, the LM head is a minor part of a token's
 work) with random weights (unit-variance init, fixed seed),
 nested by `elastic_local.nest` into budgets full / mid / small (60% and 35% of the parameters), written
-once under benchmarks/_work/gen/ with the tests' 96-token tokenizer (tests/tiny.py). It loads through
+once under benchmarks/_work/gen/ with the embedded demo model's tokenizer. It loads through
 `elastic_local.load` in float32 exactly as a released nested checkpoint would. Its `</think>` logit is
 pinned at 0 (lm_head row zeroed) so that the random model never closes thinking by itself: every
 thinking phase is ended by the think token budget and all lengths are fixed. Prompts are random token
@@ -49,7 +49,6 @@ from statistics import median
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # tiny.write_tokenizer
 WORK = ROOT / "benchmarks" / "_work" / "gen"
 SEED = 0
 CONFIG = dict(
@@ -71,12 +70,12 @@ BUDGETS = {"mid": 0.6, "small": 0.35}
 def build(rebuild: bool = False) -> Path:
     """benchmarks/_work/gen/nested: random weights nested into full / mid / small, plus a tokenizer."""
     from random_model import write_random_parent
-    from tiny import write_tokenizer
 
     from elastic_local.elastic.nest import nest
+    from elastic_local.paths import DEMO_MODEL
 
     out, stamp = WORK / "nested", WORK / "stamp.json"
-    key = json.dumps({"config": CONFIG, "budgets": BUDGETS, "seed": SEED}, sort_keys=True)
+    key = json.dumps({"config": CONFIG, "budgets": BUDGETS, "seed": SEED, "tokenizer": "demo"}, sort_keys=True)
     if out.is_dir() and stamp.is_file() and stamp.read_text() == key and not rebuild:
         return out
     shutil.rmtree(WORK, ignore_errors=True)
@@ -84,7 +83,8 @@ def build(rebuild: bool = False) -> Path:
     write_random_parent(parent, CONFIG, SEED)
     print(f"nesting {parent} (random weights) ...", file=sys.stderr)
     nest(parent, out, BUDGETS, max_tokens=2048)
-    write_tokenizer(out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # <think> = 6, specials below 96
+        shutil.copy(DEMO_MODEL / name, out / name)
     shutil.rmtree(parent)
     stamp.write_text(key)
     return out
@@ -101,7 +101,7 @@ def load(path: Path):
 def prompt_ids(n: int, seed: int, think: bool = False) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(96, CONFIG["vocab_size"], (n,), generator=g).tolist()  # no tokenizer (special) ids
-    return ids + [6] if think else ids  # 6 = <think> in tests/tiny.py's tokenizer
+    return ids + [6] if think else ids  # 6 = <think> in the demo tokenizer
 
 
 def timed(fn):
