@@ -63,3 +63,20 @@ def test_offline_tools_take_the_gpu_only_when_the_float32_parent_fits(tmp_path, 
     assert offline_device("cpu", str(tmp_path)) == "cpu"
     for name in ("nest", "quantize"):
         assert _subcommands()[name].get_default("device") == "auto"
+
+
+def test_every_command_that_runs_a_model_shares_the_model_options():
+    commands = _subcommands()
+    for name in ("generate", "batch"):
+        opts = {a.dest: a.default for a in commands[name]._actions}
+        assert {"device": "auto", "dtype": "auto", "precision": None, "budget": None}.items() <= opts.items(), name
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a CPU-only machine gives")
+def test_batch_on_cuda_without_a_gpu_is_a_clear_error(tmp_path, capsys):
+    make_checkpoint(tmp_path, seed=3)
+    write_tokenizer(tmp_path)
+    (tmp_path / "in.txt").write_text("hello\n")
+    assert main(["batch", str(tmp_path / "in.txt"), str(tmp_path / "out.jsonl"), str(tmp_path),
+                 "--device", "cuda"]) == 2
+    assert "sees no CUDA GPU" in capsys.readouterr().err

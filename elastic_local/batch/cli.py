@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from ..cli import whole
+from ..cli import add_model_options, load_from_args, whole
+from ..paths import default_model
 from .requests import Checker, Defaults, Job, LineError, check_unique, parse, read_lines
 
 
@@ -29,7 +30,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"{src}: {'a directory, not an' if src.is_dir() else 'no such'} input file")
     if out.exists() and out.resolve() == src.resolve():
         raise ValueError(f"{out}: the output must be another file than the input")
-    path = _model_dir(args.dir)
+    path = Path(args.dir) if args.dir is not None else default_model()
     defaults = Defaults(args.think_budget, args.answer_budget, args.max_think_tokens, args.max_tokens,
                         not args.no_think)
     items = parse(read_lines(src), Checker.for_checkpoint(path, args.context, defaults).job)
@@ -40,7 +41,6 @@ def cmd_batch(args: argparse.Namespace) -> int:
         return _report(src, items)
 
     from ..checkpoint.load import verify_tensors
-    from ..engine import load
     from ..model.config import NemotronHConfig
     from .outfile import OutputFile
     from .progress import ProgressBar, Summary
@@ -55,7 +55,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         if f.repaired:
             print(f"{out}: cut a torn last line ({f.repaired} bytes) left by an interrupted run", file=sys.stderr)
         if any(isinstance(it, Job) for it in todo):
-            model = load(path, budget=args.budget, precision=args.precision, device=args.device)
+            model = load_from_args(args, str(path))
             todo = [_resident(it, model.budgets) for it in todo]
         bar = ProgressBar(summary)
         for e in (it for it in todo if isinstance(it, LineError)):
@@ -64,7 +64,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         jobs = [it for it in todo if isinstance(it, Job)]
         try:
             if jobs:
-                memory = Memory.of(model, cache_room(model, args.device))
+                memory = Memory.of(model, cache_room(model, str(model.device)))
                 for job, outcome in run_jobs(model, jobs, args.max_batch, memory, bar.step):
                     if isinstance(outcome, LineError):
                         f.write(error_record(outcome))
@@ -80,15 +80,6 @@ def cmd_batch(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary.to_dict()))
     return 130 if summary.interrupted else 0
-
-
-def _model_dir(given: str | None) -> Path:
-    if given is not None:
-        return Path(given)
-    demo = Path(__file__).resolve().parents[1] / "catalog" / "demo"
-    if not (demo / "config.json").is_file():
-        raise FileNotFoundError("give a checkpoint directory (DIR): the embedded demo model is not installed")
-    return demo
 
 
 def _resident(it: Job | LineError, budgets: list[str]) -> Job | LineError:
@@ -118,9 +109,7 @@ def register(sub) -> None:
     p.add_argument("input", metavar="IN", help="requests: OpenAI batch JSONL, JSONL with 'prompt', or text lines")
     p.add_argument("output", metavar="OUT", help="OpenAI batch output JSONL, appended to (a rerun resumes)")
     p.add_argument("dir", metavar="DIR", nargs="?", help="checkpoint directory (default: the embedded demo model)")
-    p.add_argument("--budget", metavar="NAME", help="the budget to load (resident); requests may use smaller ones")
-    p.add_argument("--precision", help="fp8 / nvfp4 / bf16 / auto, as for generate (default: as stored)")
-    p.add_argument("--device", default="cpu")
+    add_model_options(p)  # --budget is the resident one: requests may name it or a smaller one
     p.add_argument("--think-budget", metavar="NAME", help="budget of the thinking phase (default: largest)")
     p.add_argument("--answer-budget", metavar="NAME", help="budget of the answer phase (default: largest)")
     p.add_argument("--max-think-tokens", type=whole(0), default=1024, metavar="N",
