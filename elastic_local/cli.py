@@ -28,8 +28,6 @@ COMMAND_MODULES: list[str] = [
     "elastic_local.evaluate.cli",
 ]
 DTYPES = ("float32", "bfloat16", "float16")
-OFFLINE_DEVICE_HELP = ("where {what}: cpu, cuda or cuda:N (default auto: the GPU when the parent fits it in "
-                       "float32, else the CPU)")
 OVERWRITE_HELP = "replace OUT if it exists (it is replaced only once the new one is complete)"
 
 
@@ -98,21 +96,28 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def offline_device(device: str, src: str) -> str:
-    """--device of `nest` and `quantize`, which hold the whole parent in float32: auto takes the GPU only when
-    those bytes fit its free memory (with a fifth to spare for activations), else the CPU, saying why."""
+def add_offline_device(parser: argparse.ArgumentParser, what: str, holds: str = "the parent in float32") -> None:
+    parser.add_argument("--device", default="auto",
+                        help=f"where {what}: cpu, cuda or cuda:N (default auto: the GPU when {holds} fits "
+                             "it, else the CPU)")
+
+
+def offline_device(device: str, src: str, bytes_per_param: int = 4, holds: str = "the parent in float32") -> str:
+    """--device of the offline tools (`nest`, `quantize`, `train`), which hold whole models in float32: auto
+    takes the GPU only when `holds` (`bytes_per_param` per parameter of SRC) fits its free memory with a
+    fifth to spare for activations, else the CPU, saying why."""
     import torch
 
     from .checkpoint.load import checkpoint_tensors
 
     if device != "auto" or not torch.cuda.is_available():
         return resolve_device(device)
-    need = 4 * sum(math.prod(t.shape) for t in checkpoint_tensors(Path(src)).values())
+    need = bytes_per_param * sum(math.prod(t.shape) for t in checkpoint_tensors(Path(src)).values())
     free = torch.cuda.mem_get_info()[0]
     if need * 1.2 <= free:
         return "cuda"
-    print(f"--device auto: the parent in float32 takes {need / 2**30:.1f} GiB, the GPU has {free / 2**30:.1f} GiB "
-          "free; running on the CPU (--device cuda to try anyway)", file=sys.stderr)
+    print(f"--device auto: {holds} takes {need / 2**30:.1f} GiB, the GPU has {free / 2**30:.1f} GiB free; "
+          "running on the CPU (--device cuda to try anyway)", file=sys.stderr)
     return "cpu"
 
 
@@ -388,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "shared_channels, mlp_channels, depth")
     p.add_argument("--heterogeneous", action="store_true", help="allow per-layer sizes")
     p.add_argument("--full-name", default="full", help="name of the full model's budget")
-    p.add_argument("--device", default="auto", help=OFFLINE_DEVICE_HELP.format(what="the model is scored"))
+    add_offline_device(p, "the model is scored")
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
     p = add_command(sub, "slice", cmd_slice, "extract one budget as a standalone checkpoint")
@@ -407,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="module name pattern to leave in BF16, e.g. 'backbone.layers.5.mixer.*' (repeatable)")
     p.add_argument("--preset", choices=["nano"], help="nano: attention layers and the Mamba layers feeding them "
                                                      "stay BF16 (NVIDIA's conservative recipe)")
-    p.add_argument("--device", default="auto", help=OFFLINE_DEVICE_HELP.format(what="calibration runs"))
+    add_offline_device(p, "calibration runs")
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
     p = add_command(sub, "generate", cmd_generate, "answer one prompt, streaming thinking and answer")

@@ -61,7 +61,7 @@ def test_offline_tools_take_the_gpu_only_when_the_float32_parent_fits(tmp_path, 
     assert offline_device("auto", str(tmp_path)) == "cpu"
     assert "in float32 takes" in capsys.readouterr().err
     assert offline_device("cpu", str(tmp_path)) == "cpu"
-    for name in ("nest", "quantize"):
+    for name in ("nest", "quantize", "train"):
         assert _subcommands()[name].get_default("device") == "auto"
 
 

@@ -7,7 +7,11 @@ import argparse
 import json
 from pathlib import Path
 
-from ..cli import _budgets
+from ..cli import _budgets, add_offline_device, offline_device
+
+# teacher and student in float32, the student's gradients, Adam's two moments
+TRAIN_BYTES_PER_PARAM = 4 + 4 + 4 + 8
+TRAIN_HOLDS = "teacher, student, gradients and Adam state (20 bytes per parameter)"
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -22,7 +26,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     recipe = Recipe.load(args.recipe, steps=args.steps, seq_len=args.seq_len, seed=args.seed,
                          batch_size=args.batch_size)
     out = train(args.src, args.out, args.data, _budgets(args.budget), recipe, qad=args.qad,
-                full_name=args.full_name, device=args.device, overwrite=args.overwrite)
+                full_name=args.full_name, overwrite=args.overwrite,
+                device=offline_device(args.device, args.src, TRAIN_BYTES_PER_PARAM, TRAIN_HOLDS))
     if out is not None:
         table = json.loads((Path(out) / "config.json").read_text())["elastic"]
         print(f"wrote {out}")
@@ -62,7 +67,7 @@ def register(sub) -> None:
     p.add_argument("--qad", choices=("fp8", "nvfp4"), help="quantization-aware distillation; OUT is quantized")
     p.add_argument("--seed", type=int, help="seed of data order, budgets, Gumbel noise and router init")
     p.add_argument("--full-name", default="full", help="name of the full budget (default: full)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    add_offline_device(p, "training runs", TRAIN_HOLDS)
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     p.set_defaults(func=cmd_train)
 
