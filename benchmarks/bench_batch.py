@@ -59,7 +59,7 @@ def load(path: Path | None, dtype: torch.dtype):
 
     m = elastic_local.load(path, dtype=dtype) if path is not None else elastic_local.load(dtype=dtype)
     if path is not None:
-        m.net.lm_head[m.tokenizer.think_ids[1]] = 0.0  # the random model never writes </think> itself
+        m.net.silence(m.tokenizer.think_ids[1])  # the random model never writes </think> itself
     return m
 
 

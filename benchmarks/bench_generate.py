@@ -94,7 +94,7 @@ def load(path: Path):
     import elastic_local
 
     m = elastic_local.load(path, dtype=torch.float32)
-    m.net.lm_head[m.tokenizer.think_ids[1]] = 0.0  # the random model never writes </think> itself
+    m.net.silence(m.tokenizer.think_ids[1])  # the random model never writes </think> itself
     return m
 
 

@@ -45,7 +45,7 @@ def elastic_model(path: Path, seed: int = 0, prefill_chunk: int = 8, **overrides
         write_tokenizer(path)
     base = elastic_local.load(path)
     base.net.prefill_chunk = prefill_chunk  # catch-ups longer than this run in several chunks
-    base.net.lm_head[base.tokenizer.think_ids[1]] = 0.0
+    base.net.silence(base.tokenizer.think_ids[1])
     cfg = base.config
     return ElasticModel(base.net, {"full": Budget.full(cfg), "small": small_budget(cfg)}, path, base.tokenizer)
 

@@ -5,6 +5,7 @@ and attention heads) and is run by transformers, so the oracle shares no code wi
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from tiny import hf_logits, make_checkpoint
@@ -134,8 +135,33 @@ def _check(tmp_path, drop_layer):
     torch.testing.assert_close(torch.cat(steps, 1), ref, atol=1e-4, rtol=0)
 
 
-def test_reduced_sizes_equal_a_physically_sliced_checkpoint(tmp_path):
+@pytest.mark.parametrize("layout", ["transposed", "rows"])
+def test_reduced_sizes_equal_a_physically_sliced_checkpoint(tmp_path, monkeypatch, layout):
+    """Both CPU weight layouts (the default [in, out] one and ELASTIC_LOCAL_CPU_LAYOUT=rows)."""
+    from elastic_local.engine.load import LAYOUT_ENV
+
+    monkeypatch.setenv(LAYOUT_ENV, layout)
     _check(tmp_path, drop_layer=None)
+
+
+def test_cpu_layout_keeps_budgets_as_views_and_input_cuts_contiguous(tmp_path):
+    from elastic_local.model.linear import Transposed, block
+
+    make_checkpoint(tmp_path, seed=5, hybrid_override_pattern=PATTERN, n_groups=2, mamba_num_heads=8,
+                    num_attention_heads=4, num_key_value_heads=2)
+    m = elastic_local.load(tmp_path)
+    before = sum(t.nbytes for t in m.net.tensors())
+    layer = next(layer for layer in m.net.layers if layer.kind == "-")
+    up, down = layer.mixer.up, layer.mixer.down
+    assert isinstance(up, Transposed) and isinstance(down, Transposed) and down.shape == (32, 48)
+    cut = block(down, 0, 32, 16)  # fewer MLP channels: an input cut of the down projection
+    assert cut.t.is_contiguous() and cut.t.untyped_storage().data_ptr() == down.t.untyped_storage().data_ptr()
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(cut.linear(x), x @ down.t[:16], atol=0, rtol=0)
+    view = block(up, 0, 16, 24)  # an output and an input cut: a strided view, still no copy
+    assert view.t.untyped_storage().data_ptr() == up.t.untyped_storage().data_ptr()
+    m.net.forward(torch.tensor([[1, 2, 3]]), budget_for(m.config, None))
+    assert sum(t.nbytes for t in m.net.tensors()) == before  # running a budget copied nothing
 
 
 def test_a_switched_off_layer_equals_a_checkpoint_without_it(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -15,6 +16,8 @@ from ..progress import Progress
 from .chat import ChatTemplate
 from .elastic_model import ElasticModel
 from .tokenizer import Tokenizer
+
+LAYOUT_ENV = "ELASTIC_LOCAL_CPU_LAYOUT"  # "rows": keep CPU weights [out, in] (model/linear.Transposed says why)
 
 
 def load(path: str | Path | None = None, budget: str | None = None, precision: str | None = None,
@@ -50,4 +53,6 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     resident = budgets[budget] if budget is not None else next(iter(budgets.values()))
     net = load_network(path, resident=resident, stored=stored_budget(cfg), dtype=dtype, device=device,
                        progress=progress, precision=precision, keep=keep)
+    if torch.device(device).type == "cpu" and os.environ.get(LAYOUT_ENV) != "rows":
+        net.transpose_weights()
     return ElasticModel(net, {k: b for k, b in budgets.items() if b.fits_in(resident)}, path, tokenizer)

@@ -18,7 +18,7 @@ from .attention import AttentionWeights, KVCache, attention
 from .budget import Budget
 from .config import NemotronHConfig
 from .cost import PREFILL_CHUNK
-from .linear import block, linear, rms_norm
+from .linear import Transposed, block, linear, rms_norm
 from .mamba2 import MambaState, MambaWeights, mamba_mixer
 from .moe import MLPWeights, MoEWeights, mlp, moe
 from .soft import SoftLayer, unit_weights
@@ -104,6 +104,24 @@ class NemotronH:
 
         walk([self.embed, self.layers, self.norm_f, self.lm_head])
         return list(seen.values())
+
+    def transpose_weights(self) -> None:
+        """Keep every float Linear weight as its transpose, in place (peak: one extra tensor): the CPU
+        inference layout (`linear.Transposed`). Quantized weights, the router gate and a tied LM head
+        stay as they are; not for training (autograd and the optimizer hold the [out, in] tensors)."""
+        for layer in self.layers:
+            for name in ("in_proj", "out_proj", "qkv", "o_proj", "up", "down", "shared_up", "shared_down"):
+                w = getattr(layer.mixer, name, None)
+                if isinstance(w, torch.Tensor) and not w.requires_grad:
+                    setattr(layer.mixer, name, Transposed.of(w))
+        if isinstance(self.lm_head, torch.Tensor) and self.lm_head is not self.embed \
+                and not self.lm_head.requires_grad:
+            self.lm_head = Transposed.of(self.lm_head)
+
+    def silence(self, token: int) -> None:
+        """Pin `token`'s logit at 0 by zeroing its LM-head row (random-weight models in tests and benchmarks
+        that must never close thinking by themselves)."""
+        (self.lm_head.t[:, token] if isinstance(self.lm_head, Transposed) else self.lm_head[token]).zero_()
 
     @property
     def device(self) -> torch.device:
