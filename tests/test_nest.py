@@ -149,3 +149,47 @@ def test_nest_refuses_bad_fractions_and_axes(tmp_path):
     with pytest.raises(ValueError, match="is the full model's name"):
         nest(tmp_path / "p", tmp_path / "n", {"full": 0.5})
     assert not (tmp_path / "n").exists()
+
+
+# head widths whose cuts are off the 16-grid one head at a time: Mamba head_dim x groups = 12 (cut 4 ranks),
+# 24 with 3 groups (cut 2 ranks), attention head_dim x KV = 24 (cut 2 ranks); budgets must still land on it
+OFF_GRID = {
+    "mamba_12": dict(ALIGNED, mamba_head_dim=6, mamba_num_heads=16),
+    "mamba_24_three_groups": dict(ALIGNED, mamba_num_heads=12, n_groups=3, mamba_head_dim=8),
+    "attention_24": dict(ALIGNED, num_attention_heads=8, num_key_value_heads=2, head_dim=12),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OFF_GRID))
+def test_nest_cuts_heads_on_the_16_grid_for_any_head_width(tmp_path, name):
+    from transformers import NemotronHForCausalLM
+
+    make_checkpoint(tmp_path / "parent", seed=4, **OFF_GRID[name])
+    nest(tmp_path / "parent", tmp_path / "nested", {"half": 0.5},
+         axes=("hidden", "mamba_heads", "attention_heads", "expert_channels", "mlp_channels"))
+    m = elastic_local.load(tmp_path / "nested")  # the table is checked on the 16-grid while loading
+    out, portable = slice_budget(tmp_path / "nested", tmp_path / "half", "half")
+    oracle = NemotronHForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    torch.testing.assert_close(m.logits(IDS, budget="half"), hf_logits(oracle, IDS), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", sorted(OFF_GRID))
+def test_every_head_cut_the_search_offers_is_on_the_16_grid(name):
+    from tiny import hf_config
+
+    from elastic_local.elastic.search import _candidates
+    from elastic_local.elastic.table import check_alignment
+    from elastic_local.model import Budget
+    from elastic_local.model.config import NemotronHConfig
+
+    cfg = NemotronHConfig.from_dict(hf_config(**OFF_GRID[name]).to_dict())
+    b, cuts = Budget.full(cfg), 0
+    scores = {(i, a): torch.ones(64) for i in range(len(cfg.pattern)) for a in ("mamba_heads", "attention_heads")}
+    while True:  # keep cutting the head axes as far as they go
+        cands = [c for _, c in _candidates(cfg, b, scores, ("mamba_heads", "attention_heads"), False, None)]
+        if not cands:
+            break
+        for c in cands:
+            check_alignment(cfg, c)
+        b, cuts = cands[0], cuts + 1
+    assert cuts >= 1

@@ -10,6 +10,7 @@ one's sizes, so every axis of a smaller budget is a prefix of a larger one's.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import torch
@@ -53,12 +54,13 @@ def _sorted_scores(imp: Importance, cfg: NemotronHConfig) -> dict:
 
 
 def _unit(cfg: NemotronHConfig, axis: str) -> tuple[int, int]:
-    """(how many units one cut removes, how many budget-size steps one unit is)."""
+    """(how many units one cut removes, how many budget-size steps one unit is). A head axis is cut in
+    ranks (one head of every group); the ranks kept must be a multiple of the smallest count whose
+    channels (ranks x groups x head_dim) are a multiple of 16, else NVFP4 blocks would not slice."""
     if axis == "mamba_heads":
-        step = 1 if (cfg.mamba_head_dim * cfg.n_groups) % 16 == 0 else 16 // (cfg.mamba_head_dim * cfg.n_groups)
-        return step, cfg.n_groups
+        return 16 // math.gcd(16, cfg.mamba_head_dim * cfg.n_groups), cfg.n_groups
     if axis == "attention_heads":
-        return max(1, 16 // (cfg.head_dim * cfg.num_key_value_heads)), cfg.num_key_value_heads
+        return 16 // math.gcd(16, cfg.head_dim * cfg.num_key_value_heads), cfg.num_key_value_heads
     if axis == "experts":
         return cfg.n_group, 1
     return 0, 1  # channel axes: see _step
@@ -92,8 +94,8 @@ def _candidates(cfg: NemotronHConfig, b: Budget, scores: dict, axes: tuple[str, 
                         cfg.moe_shared_expert_intermediate_size, "mlp_channels": cfg.intermediate_size}[axis]
                 new = _down(cur, _step(full))
                 floor = _step(full)
-            else:
-                new = cur - units * per_unit
+            else:  # the next aligned count of units below (a full count that is not aligned drops to one)
+                new = _down(cur // per_unit, units) * per_unit
                 floor = cfg.num_experts_per_tok if axis == "experts" else units * per_unit
             if new < floor:
                 continue

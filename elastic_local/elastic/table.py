@@ -81,12 +81,13 @@ def parse_budget(cfg: NemotronHConfig, entry: dict, where: str = "config.json") 
     return b
 
 
-def check_alignment(cfg: NemotronHConfig, b: Budget, where: str = "budget") -> None:
+def check_alignment(cfg: NemotronHConfig, b: Budget, where: str = "") -> None:
     """Every input-dimension cut must be a multiple of 16 so that quantized blocks slice exactly."""
     def bad(what: str, size: int, full: int, layer: int | None = None) -> None:
         if size != full and size % ALIGN:
             at = "" if layer is None else f" layer {layer}"
-            raise BudgetTableError(f"{where}: budget {b.name!r}{at} cuts {what} to {size}, not a multiple of "
+            src = f"{where}: " if where else ""
+            raise BudgetTableError(f"{src}budget {b.name!r}{at} cuts {what} to {size}, not a multiple of "
                                    f"{ALIGN} (NVFP4 blocks would not slice exactly); round it to a multiple of {ALIGN}")
 
     bad("hidden", b.hidden, cfg.hidden_size)
