@@ -335,10 +335,10 @@ def cmd_nest(args: argparse.Namespace) -> int:
     elastic-local nest ./parent ./nested --budget 23B=0.77 --budget 12B=0.4 --calib calib.txt"""
     from .elastic.nest import nest
 
-    out = nest(args.src, args.out, _budgets(args.budget), calib=args.calib, axes=tuple(args.axes.split(",")),
+    axes = tuple(args.axes.split(",")) if args.axes else None
+    out = nest(args.src, args.out, _budgets(args.budget), calib=args.calib, axes=axes,
                heterogeneous=args.heterogeneous, full_name=args.full_name,
-               device=offline_device(args.device, args.src),
-               progress=_Bar("nest"), overwrite=args.overwrite)
+               device=offline_device(args.device, args.src), progress=_Bar("nest"), overwrite=args.overwrite)
     print(f"wrote {out}")
     return cmd_info(argparse.Namespace(dir=out, json=False))
 
@@ -388,9 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", action="append", required=True, metavar="NAME=FRACTION",
                    help="a nested budget at this fraction of the parent's parameters (repeatable)")
     p.add_argument("--calib", help="calibration text (tokenized with the checkpoint's tokenizer) or .json token ids")
-    p.add_argument("--axes", default="hidden,mamba_heads,experts,expert_channels,shared_channels,mlp_channels",
-                   help="axes to shrink, from: hidden, mamba_heads, attention_heads, experts, expert_channels, "
-                        "shared_channels, mlp_channels, depth")
+    p.add_argument("--axes", help="axes to shrink, from: hidden, mamba_heads, attention_heads, experts, "
+                                  "expert_channels, shared_channels, mlp_channels, depth (default: all but "
+                                  "attention_heads and depth; experts only with n_group 1)")
     p.add_argument("--heterogeneous", action="store_true", help="allow per-layer sizes")
     p.add_argument("--full-name", default="full", help="name of the full model's budget")
     add_offline_device(p, "the model is scored")

@@ -116,3 +116,25 @@ def test_chat_needs_a_tokenizer(m):
 
     with pytest.raises(ValueError, match="tokenizer"):
         ElasticModel(m.net, {"full": m.budget("full")}).chat()
+
+
+@pytest.mark.parametrize("think", [True, False])
+def test_prompts_render_and_tokenize_as_transformers_does(think):
+    """The shipped demo tokenizer and template through our renderer and through transformers'
+    apply_chat_template (its own Jinja environment and tokenizer wrapper): the same ids."""
+    from transformers import PreTrainedTokenizerFast
+
+    from elastic_local.engine.chat import render_prompt
+    from elastic_local.engine.tokenizer import Tokenizer
+    from elastic_local.paths import DEMO_MODEL
+
+    conversation = [{"role": "system", "content": "Answer briefly."},
+                    {"role": "user", "content": "What is 347 + 589?"},
+                    {"role": "assistant", "content": "347 + 589 = 936"},
+                    {"role": "user", "content": "Sort 5, 2, 9, 1."}]
+    hf = PreTrainedTokenizerFast.from_pretrained(DEMO_MODEL)
+    ours = Tokenizer.from_dir(DEMO_MODEL)
+    for messages in (conversation[1:2], conversation):
+        ref = hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, enable_thinking=think,
+                                     return_dict=False)
+        assert render_prompt(ours, messages, think) == list(ref)

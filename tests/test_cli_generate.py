@@ -13,7 +13,10 @@ def test_generate_streams_thinking_and_answer_apart(tmp_path, capsys):
     args = ["generate", str(tmp_path), "--prompt", "hello there", "--max-think-tokens", "4", "--max-tokens", "6"]
     assert main(args + ["--json"]) == 0
     r = json.loads(capsys.readouterr().out)
-    assert r["stats"]["prompt_tokens"] == r["prompt_len"] and r["finish_phase"] in ("think", "answer")
+    assert r["stats"]["prompt_tokens"] == r["prompt_len"]
+    # the random model never closes thinking: 4 sampled think tokens, then the closing text, then 6 answer tokens
+    assert r["think_end"] == "budget" and r["finish_reason"] == "answer_limit" and r["finish_phase"] == "answer"
+    assert r["stats"]["think_tokens"] - r["stats"]["think_inserted"] == 4 and len(r["answer_ids"]) == 6
     assert main(args) == 0
     out, err = capsys.readouterr()
     assert r["answer_text"] in out and r["think_text"] in err  # greedy: the same text both times

@@ -75,3 +75,16 @@ def test_generate_answers_a_plain_question(model):
     r = model.generate(model.chat_prompt("What is 347 + 589?"), max_think_tokens=200, max_answer_tokens=30)
     assert r.think_end == "model" and r.finish_reason == "eos"
     assert re.findall(r"\d+", r.answer_text)[-1] == "936"
+
+
+def test_transformers_runs_the_shipped_file_as_we_do(model):
+    """The shipped demo is a plain Nemotron-H checkpoint to any loader: transformers' own network on it gives
+    our full budget's logits."""
+    import torch
+    from transformers import NemotronHForCausalLM
+
+    hf = NemotronHForCausalLM.from_pretrained(DEMO_MODEL, dtype=torch.float32).eval()
+    ids = torch.tensor([model.tokenizer.encode("What is 347 + 589?")])
+    with torch.no_grad():
+        ref = hf(ids, use_cache=False).logits.float()
+    torch.testing.assert_close(model.logits(ids), ref, atol=1e-4, rtol=0)

@@ -193,3 +193,19 @@ def test_every_head_cut_the_search_offers_is_on_the_16_grid(name):
             check_alignment(cfg, c)
         b, cuts = cands[0], cuts + 1
     assert cuts >= 1
+
+
+def test_nest_slice_and_quantize_commands_write_checkpoints_that_load(tmp_path, capsys):
+    from elastic_local.cli import main
+
+    make_checkpoint(tmp_path / "parent", seed=21, **ALIGNED)
+    nested, half, q = tmp_path / "nested", tmp_path / "half", tmp_path / "nvfp4"
+    assert main(["nest", str(tmp_path / "parent"), str(nested), "--budget", "half=0.5"]) == 0
+    assert "half" in capsys.readouterr().out  # nest ends with `info` of what it wrote
+    assert main(["slice", str(nested), str(half), "--budget", "half"]) == 0
+    assert main(["quantize", str(nested), str(q), "--precision", "nvfp4"]) == 0
+    m = elastic_local.load(nested)
+    torch.testing.assert_close(elastic_local.load(half).logits(IDS), m.logits(IDS, budget="half"), atol=1e-5, rtol=0)
+    assert elastic_local.load(q).budgets == ["full", "half"]
+    assert main(["slice", str(nested), str(half), "--budget", "half"]) == 2  # exists: refused without --overwrite
+    assert "--overwrite" in capsys.readouterr().err

@@ -85,12 +85,14 @@ def permute_scores(imp: Importance, sel: Selection) -> Importance:
 
 
 def nest(src: str | Path, out: str | Path, budgets: dict[str, float], calib: str | Path | None = None,
-         axes: tuple[str, ...] = DEFAULT_AXES, heterogeneous: bool = False, full_name: str = "full",
+         axes: tuple[str, ...] | None = None, heterogeneous: bool = False, full_name: str = "full",
          device: str = "cpu", dtype: torch.dtype = torch.float32, max_tokens: int = 16384, seq_len: int = 512,
          progress: Progress | None = None, overwrite: bool = False) -> Path:
     src, out = Path(src), Path(out)
     check_output(out, overwrite, [src])  # before the scoring, which takes long on a real model
     cfg = NemotronHConfig.from_dir(src)
+    if axes is None:  # the default axes, less experts where group-limited routing fixes them
+        axes = tuple(a for a in DEFAULT_AXES if a != "experts" or cfg.n_group == 1)
     unknown = set(axes) - set(ALL_AXES)
     if unknown:
         raise ValueError(f"unknown axes {sorted(unknown)}; choose from {list(ALL_AXES)}")

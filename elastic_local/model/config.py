@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -169,4 +169,21 @@ class NemotronHConfig:
             d = json.loads(file.read_text())
         except json.JSONDecodeError as e:
             raise ConfigError(f"{file}: not valid JSON ({e})") from None
-        return cls.from_dict(d, source=str(file))
+        cfg = cls.from_dict(d, source=str(file))
+        if cfg.tie_word_embeddings and _stores_lm_head(Path(path)):
+            # transformers' NemotronH writes and runs its own lm_head even for a tied config: so do we
+            cfg = replace(cfg, tie_word_embeddings=False)
+        return cfg
+
+
+def _stores_lm_head(path: Path) -> bool:
+    """Whether the directory's weights hold an `lm_head.weight` (read from the index or the headers)."""
+    index = path / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            return "lm_head.weight" in json.loads(index.read_text()).get("weight_map", {})
+        from safetensors import safe_open
+
+        return any("lm_head.weight" in safe_open(f, "pt").keys() for f in sorted(path.glob("model*.safetensors")))
+    except Exception:  # an unreadable file is the loader's to report, naming it
+        return False

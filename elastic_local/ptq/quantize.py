@@ -48,6 +48,23 @@ def exclude_modules(cfg: NemotronHConfig, keep: list[str]) -> list[str]:
     return out
 
 
+def split_head_modules(cfg: NemotronHConfig) -> list[str]:
+    """Linears whose input columns the loader reorders head by head (Mamba out_proj, attention o_proj; see
+    model/layout.py): with several groups of heads narrower than a 16-wide NVFP4 block, packed columns
+    cannot be reordered, so NVFP4 leaves those modules in BF16."""
+    out = []
+    for i, s in enumerate(stored_budget(cfg).layers):
+        if s.kind == "M":
+            heads, groups, width, name = s.mamba_heads, cfg.n_groups, cfg.mamba_head_dim, "out_proj"
+        elif s.kind == "*":
+            heads, groups, width, name = s.attention_heads, cfg.num_key_value_heads, cfg.head_dim, "o_proj"
+        else:
+            continue
+        if s.enabled and groups > 1 and heads // groups > 1 and width % GROUP_SIZE:
+            out.append(f"backbone.layers.{i}.mixer.{name}")
+    return out
+
+
 def quantize_checkpoint(src: str | Path, out: str | Path, precision: str, calib: str | Path | None = None,
                         keep: tuple[str, ...] = (), preset: str | None = None, device: str = "cpu",
                         max_tokens: int = 4096, seq_len: int = 512, progress: Progress | None = None,
@@ -65,6 +82,11 @@ def quantize_checkpoint(src: str | Path, out: str | Path, precision: str, calib:
         raise ValueError(f"unknown preset {preset!r}; known: nano (attention layers and the Mamba layers feeding "
                          "them stay BF16)")
     keep_list = list(keep) + (nano_keep(cfg) if preset == "nano" else [])
+    split = split_head_modules(cfg) if precision == "nvfp4" else []
+    if split:
+        log.warning("%d module(s) stay BF16: their heads (%s) are narrower than an NVFP4 block and are regrouped "
+                    "at load", len(split), ", ".join(split))
+        keep_list += split
     if calib is None:
         log.warning("no --calib file: activation scales from a generic sample")
 

@@ -40,7 +40,7 @@ def model_config(recipe: dict, tokenizer_dir: Path) -> dict:
             "vocab_size": recipe["corpus"]["vocab_size"], **m,
             "mlp_hidden_act": "relu2", "mamba_hidden_act": "silu", "use_conv_bias": True, "use_bias": False,
             "mamba_proj_bias": False, "attention_bias": False, "mlp_bias": False, "norm_topk_prob": True,
-            "n_group": 1, "topk_group": 1, "layer_norm_epsilon": 1e-5, "time_step_limit": [0.0, None],
+            "n_group": 1, "topk_group": 1, "layer_norm_epsilon": 1e-5, "time_step_limit": [0.0, float("inf")],
             "tie_word_embeddings": False, "torch_dtype": "bfloat16",
             "num_hidden_layers": len(m["hybrid_override_pattern"]),
             "bos_token_id": gen["bos_token_id"], "eos_token_id": gen["eos_token_id"],
