@@ -8,6 +8,8 @@ once from its final account (`Reply`), the same way a reply from the history is.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Collapsible, Markdown, Static
@@ -97,7 +99,7 @@ class AssistantMessage(Vertical):
 
     async def feed(self, events: list[Event]) -> None:
         """Show a batch of the engine's events (already folded into `self.reply` by the pump)."""
-        for ev in events:
+        for ev in _merge_tokens(events):
             if isinstance(ev, Token) and ev.text:
                 if ev.phase == "think":
                     await self._think_text(ev.text)
@@ -146,3 +148,16 @@ class AssistantMessage(Vertical):
         await self._stop_stream()
         self._think_part, self._think_buffer, self._marks = None, "", []
         await self.recompose()
+
+
+def _merge_tokens(events: list[Event]) -> list[Event]:
+    """Consecutive tokens of one phase as one: the widgets update once per batch (the pump posts one every
+    50 ms), not once per token, so the UI thread takes the interpreter from the generation thread less."""
+    out: list[Event] = []
+    for ev in events:
+        last = out[-1] if out else None
+        if isinstance(ev, Token) and isinstance(last, Token) and last.phase == ev.phase:
+            out[-1] = replace(last, text=last.text + ev.text)
+        else:
+            out.append(ev)
+    return out
