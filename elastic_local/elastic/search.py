@@ -96,7 +96,8 @@ def _candidates(cfg: NemotronHConfig, b: Budget, scores: dict, axes: tuple[str, 
                 floor = _step(full)
             else:  # the next aligned count of units below (a full count that is not aligned drops to one)
                 new = _down(cur // per_unit, units) * per_unit
-                floor = cfg.num_experts_per_tok if axis == "experts" else units * per_unit
+                # experts: top-k of them, and 2 (transformers and vLLM route through a top-2 per group)
+                floor = max(cfg.num_experts_per_tok, 2) if axis == "experts" else units * per_unit
             if new < floor:
                 continue
             cut = (cur - new) // per_unit
