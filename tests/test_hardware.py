@@ -428,3 +428,14 @@ def test_a_dequantized_precision_is_never_shown_faster_than_bf16(no_user_profile
         assert _by(cpu, b, "nvfp4").decode_tps_ceiling == _by(cpu, b, "bf16").decode_tps_ceiling
         assert _by(gpu, b, "nvfp4").decode_tps_ceiling > _by(gpu, b, "fp8").decode_tps_ceiling \
             > _by(gpu, b, "bf16").decode_tps_ceiling
+
+
+def test_batch_workspace_is_one_chunk_or_one_token_per_row_never_their_product():
+    """The engine prefills rows one at a time in chunks and decodes the batch a token per row (batch/
+    scheduler.py, engine/cacheset.py): a batch of 8 needs the caches of 8, not 8 prefill chunks."""
+    profile = get_profile("h100-80gb")
+    one, eight = (_by(plan(profile, SHAPES, OPTIONS, Workload(batch=b, prefill_chunk=1024)), "12B", "bf16")
+                  for b in (1, 8))
+    assert eight.workspace_bytes == one.workspace_bytes and eight.kv_bytes == 8 * one.kv_bytes
+    many = _by(plan(profile, SHAPES, OPTIONS, Workload(batch=2048, prefill_chunk=1024)), "12B", "bf16")
+    assert many.workspace_bytes > one.workspace_bytes  # 2048 rows decoding together outgrow one chunk

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from ..model.cost import NATIVE_NEEDS, ArchShape, runs_natively
+from ..model.cost import NATIVE_NEEDS, PREFILL_CHUNK, ArchShape, runs_natively
 from .profiles import GIB, MIB, Profile
 
 PRECISIONS = ("bf16", "fp8", "nvfp4")  # best quality first
@@ -81,7 +81,7 @@ class Workload:
     context: int = 32768  # tokens per sequence the KV cache holds
     batch: int = 1
     caches: int = 2  # hybrid caches kept per sequence: chat keeps a think and an answer cache
-    prefill_chunk: int = 512  # tokens per prefill step (llama.cpp's default micro-batch)
+    prefill_chunk: int = PREFILL_CHUNK  # tokens per prefill step (the network's, model/cost.py)
     logits_tokens: int | None = None  # positions whose logits a prefill step computes; None = the chunk
     kv_dtype_bytes: int = 2  # bf16 KV; 1 for an FP8 KV cache
     conv_dtype_bytes: int = 4  # conv state in fp32 (SPEC section 3)
@@ -175,8 +175,10 @@ def _candidate(profile: Profile, shape: ArchShape, o: WeightOption, w: Workload,
     native, note = compute_gate(profile, o.precision)
     kv = w.caches * w.batch * shape.kv_bytes(w.context, w.kv_dtype_bytes)
     state = w.caches * w.batch * shape.state_bytes(w.conv_len, w.conv_dtype_bytes)
-    tokens = w.batch * w.prefill_chunk
-    logits = w.batch * (w.prefill_chunk if w.logits_tokens is None else w.logits_tokens)
+    # the engine prefills (and catches up) one row at a time in chunks and decodes the batch one token per
+    # row, so activations peak at a chunk or at the batch, whichever is larger, never at their product
+    tokens = max(w.prefill_chunk, w.batch)
+    logits = max(w.batch, w.prefill_chunk if w.logits_tokens is None else w.logits_tokens)
     work = shape.workspace_bytes(tokens, logits, w.act_bytes, dequant=not native and o.precision != "bf16")
     total = o.weights_bytes + kv + state + work + overhead + margin
     fits = total <= available
