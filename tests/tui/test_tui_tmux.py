@@ -50,7 +50,9 @@ ELASTIC_CHAT = Path(sys.executable).with_name("elastic-chat")  # the console scr
 def test_elastic_chat_with_no_dir_answers_in_a_real_terminal(home, tmp_path):
     t = Tmux(f"elastic-chat-{tmp_path.name}", [str(ELASTIC_CHAT)], {"ELASTIC_LOCAL_HOME": str(home)})
     try:
-        t.wait_for("esc Stop")  # planned, loaded, the chat is up
+        screen = t.wait_for("esc Stop")  # planned, loaded, the chat is up
+        # the status line: the budget each phase runs on (the demo's largest), the planned precision, context
+        assert "think full" in screen and "answer full" in screen and " · bf16 · ctx 0/4096 " in screen
         t.keys("What is 347 + 589?", "Enter")
         screen = t.wait_for("catch-up")  # the stats line: the reply is done
         assert "█ What is 347 + 589?" in screen and "▶ Thinking" in screen  # thinking folded
