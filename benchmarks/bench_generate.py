@@ -16,9 +16,8 @@ ids; decoding is greedy with eos ignored.
 
 1. speed: prefill (128 tokens) and decode (64 tokens) tokens/s of each budget, through `m.generate`, next
    to its share of the full budget's active parameters; plus the bare decode loop (`m.forward` one token
-   at a time) of the full budget, so the engine's own per-token cost shows. On CPUs the network runs
-   contiguous weights through oneDNN and strided prefix views (every smaller budget) through MKL
-   (model/linear.py); the last column runs every budget through MKL, the same kernel for all.
+   at a time) of the full budget, so the engine's own per-token cost shows. (The CPU weight layout's
+   effect per budget: bench_budgets.py.)
 2. catch-up: a budget's cache that has seen 64 tokens consumes a gap of g tokens in one chunked prefill:
    ms per gap token, and how many decode steps the whole catch-up costs.
 3. batch: 8 prompts of 16..128 tokens, 32 new tokens each, one `m.generate([...])` against 8 calls.
@@ -118,9 +117,7 @@ def bench_speed(m, args) -> dict:
 
     prompt = prompt_ids(128, 1)
     full_active = count_params(m.config, m.budget(m.budgets[0]))[1]
-    from elastic_local.model import linear
-
-    runs = {b: {"prefill": [], "decode": [], "decode_mkl": []} for b in m.budgets}
+    runs = {b: {"prefill": [], "decode": []} for b in m.budgets}
     raw = []
     for b in m.budgets:
         m.generate(prompt, answer_budget=b, max_answer_tokens=4, ignore_eos=True)  # warm-up
@@ -129,30 +126,22 @@ def bench_speed(m, args) -> dict:
             st = m.generate(prompt, answer_budget=b, max_answer_tokens=64, ignore_eos=True).stats
             runs[b]["prefill"].append(st.prefill_tokens / st.prefill_s)
             runs[b]["decode"].append(st.answer_tokens / st.answer_s)
-        onednn, linear._onednn_linear = linear._onednn_linear, lambda dtype: None  # MKL forced for every budget
-        for b in m.budgets:
-            st = m.generate(prompt, answer_budget=b, max_answer_tokens=64, ignore_eos=True).stats
-            runs[b]["decode_mkl"].append(st.answer_tokens / st.answer_s)
-        linear._onednn_linear = onednn
         raw.append(bare_decode(m, prompt, 64))
     rows = {}
     for b in m.budgets:
         total, active = count_params(m.config, m.budget(b))
         rows[b] = {"params": total, "active": active, "active_ratio": active / full_active,
-                   "prefill_tok_s": median(runs[b]["prefill"]), "decode_tok_s": median(runs[b]["decode"]),
-                   "decode_mkl_tok_s": median(runs[b]["decode_mkl"])}
-    full, full_mkl = rows[m.budgets[0]]["decode_tok_s"], rows[m.budgets[0]]["decode_mkl_tok_s"]
+                   "prefill_tok_s": median(runs[b]["prefill"]), "decode_tok_s": median(runs[b]["decode"])}
+    full = rows[m.budgets[0]]["decode_tok_s"]
     for r in rows.values():
         r["speed_ratio"] = r["decode_tok_s"] / full
-        r["speed_ratio_mkl"] = r["decode_mkl_tok_s"] / full_mkl
     print(f"\n1. speed per budget (float32, {args.threads} threads): prefill 128 tokens, decode 64, median of "
           f"{args.reps}")
     print(f"{'budget':<8}{'params':>10}{'active':>10}{'full/active':>13}{'prefill tok/s':>15}{'decode tok/s':>14}"
-          f"{'speed/full':>12}{'| MKL: tok/s':>13}{'speed/full':>12}")
+          f"{'speed/full':>12}")
     for b, r in rows.items():
         print(f"{b:<8}{r['params'] / 1e6:>9.1f}M{r['active'] / 1e6:>9.1f}M{1 / r['active_ratio']:>13.2f}"
-              f"{r['prefill_tok_s']:>15.0f}{r['decode_tok_s']:>14.1f}{r['speed_ratio']:>12.2f}"
-              f"{r['decode_mkl_tok_s']:>13.1f}{r['speed_ratio_mkl']:>12.2f}")
+              f"{r['prefill_tok_s']:>15.0f}{r['decode_tok_s']:>14.1f}{r['speed_ratio']:>12.2f}")
     bare = median(raw)
     print(f"bare decode loop of {m.budgets[0]} (m.forward + argmax, no engine): {bare:.1f} tok/s "
           f"(engine: {full / bare:.0%} of it)")
