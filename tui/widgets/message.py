@@ -152,7 +152,7 @@ class AssistantMessage(Vertical):
 
 def _merge_tokens(events: list[Event]) -> list[Event]:
     """Consecutive tokens of one phase as one: the widgets update once per batch (the pump posts one every
-    50 ms), not once per token, so the UI thread takes the interpreter from the generation thread less."""
+    100 ms), not once per token, so the UI thread takes the interpreter from the generation thread less."""
     out: list[Event] = []
     for ev in events:
         last = out[-1] if out else None
