@@ -8,10 +8,12 @@ The model: the embedded demo model (`elastic_local.load()`) when it is installed
 `--model random`) bench_generate.py's 136M-parameter random nested model (budgets full / mid / small,
 `</think>` pinned so thinking always ends at the think budget). Float32, as the CLI loads on a CPU.
 
-1. throughput: `--requests` requests per mix of prompt lengths — short (16..48 tokens), mixed (16..384),
-   long (256..384) — each a /v1/completions line of random token ids ending in `<think>`, 24 thinking
-   tokens (then the think budget appends `</think>` alone) and 24 answer tokens, eos ignored (every request
-   generates the same count); every phase on the largest budget, or ("cycled") the think budget cycling
+1. throughput: `--requests` requests per mix of prompt lengths. On the demo model: chat requests of its
+   own held-out questions, "short" (one question, ~20 tokens), "long" (the question after 8 earlier
+   answered turns, ~200-400 tokens), "mixed" (0-8 earlier turns). On the random model: /v1/completions
+   lines of random token ids ending in `<think>`, short (16..48 tokens), mixed (16..384), long (256..384).
+   Each thinks 24 tokens (then the think budget appends `</think>` alone) and answers 24, eos ignored
+   (every request generates the same count); every phase on the largest budget, or ("cycled") the think budget cycling
    through the model's budgets so that rows on different budgets share the batch. The file is parsed by
    the batch reader (requests.py); the same jobs then run one at a time (a Generation each) and through
    `run_jobs` (continuous batching) at each `--batches` size, interleaved, `--reps` times (medians).
@@ -63,23 +65,44 @@ def load(path: Path | None, dtype: torch.dtype):
     return m
 
 
+def demo_messages(mix: str, i: int, g: torch.Generator) -> list[dict]:
+    """A chat of the demo's own held-out questions: "short" one question (~20 prompt tokens), "long" that
+    question after earlier answered turns (~200-400 tokens of history), "mixed" either, drawn."""
+    from elastic_local.evaluate.run import eval_items
+
+    pool = eval_items(3, seed=4321)
+    pick = lambda: pool[int(torch.randint(len(pool), (1,), generator=g))]  # noqa: E731
+    turns = {"short": 0, "long": 8, "mixed": int(torch.randint(0, 9, (1,), generator=g))}[mix]
+    messages = []
+    for _ in range(turns):  # earlier turns as the chat template keeps them: question, answer
+        item = pick()
+        messages += [{"role": "user", "content": item.question}, {"role": "assistant", "content": item.answer}]
+    return messages + [{"role": "user", "content": pick().question}]
+
+
 def jobs_for(m, mix: str, n: int, cycled: bool, seed: int = 0) -> list:
-    """`n` completion requests of random token ids, parsed by the batch reader; with `cycled` the think
-    budget cycles through the model's budgets, else every phase runs on the largest."""
+    """`n` requests parsed by the batch reader: on the demo model, chat requests of its own held-out
+    questions (demo_messages); on the random model, completions of random token ids of the mix's lengths.
+    With `cycled` the think budget cycles through the model's budgets, else every phase runs on the
+    largest. Every request thinks THINK and answers ANSWER tokens (eos ignored), so all runs do equal work."""
     from elastic_local.batch import Checker, parse
 
     lo, hi = MIXES[mix]
     g = torch.Generator().manual_seed(seed)
+    demo = m.path.name == "demo"
     think = m.tokenizer.think_ids[0]
     lines = []
     for i in range(n):
-        length = int(torch.randint(lo, hi + 1, (1,), generator=g))
-        ids = torch.randint(100, m.config.vocab_size, (length,), generator=g).tolist() + [think]
-        body = {"prompt": ids, "max_think_tokens": THINK, "max_tokens": ANSWER}
+        if demo:
+            url, body = "/v1/chat/completions", {"messages": demo_messages(mix, i, g)}
+        else:
+            length = int(torch.randint(lo, hi + 1, (1,), generator=g))
+            ids = torch.randint(100, m.config.vocab_size, (length,), generator=g).tolist() + [think]
+            url, body = "/v1/completions", {"prompt": ids}
+        body.update(max_think_tokens=THINK, max_tokens=ANSWER)
         if cycled:
             body["think_budget"] = m.budgets[i % len(m.budgets)]
-        lines.append((i + 1, json.dumps({"custom_id": f"{mix}-{i}", "method": "POST", "url": "/v1/completions",
-                                         "body": body})))
+        lines.append((i + 1, json.dumps({"custom_id": f"{mix}-{i}", "method": "POST", "url": url, "body": body})))
     jobs = parse(lines, Checker.for_model(m).job)
     for j in jobs:
         j.request.ignore_eos = True  # fixed lengths
