@@ -30,3 +30,16 @@ def test_eval_on_a_few_items_writes_table_json_and_plot(tmp_path, capsys):
 def test_frontier_keeps_only_configurations_nothing_beats():
     pts = [(1.0, 0.5), (2.0, 0.9), (1.5, 0.4), (3.0, 0.9), (0.5, 0.2)]
     assert pareto(pts) == [4, 0, 1]
+
+
+def test_eval_of_a_quantized_file_labels_its_rows_with_what_it_stores(tmp_path, capsys):
+    from elastic_local.paths import DEMO_MODEL
+
+    assert main(["quantize", str(DEMO_MODEL), str(tmp_path / "fp8"), "--precision", "fp8"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "eval.json"
+    assert main(["eval", str(tmp_path / "fp8"), "--items", "1", "--levels", "1", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "accuracy per budget and level (fp8, greedy)" in text and "load-time quantization" not in text
+    report = json.loads(out.read_text())
+    assert report["base"] == "fp8" and {s["precision"] for s in report["scores"]} == {"fp8"}

@@ -15,16 +15,17 @@ def _scores(report: dict) -> dict[tuple[str, str, str], dict]:
 
 def tables(report: dict) -> str:
     scores = _scores(report)
+    base = report.get("base", "bf16")  # the precision the file stores
     levels = [str(x) for x in report["levels"]]
     lines = [f"{report['model']}: {report['items']} held-out items ({report['per_cell']} per family and level; "
              f"levels {', '.join(levels)}; level 4 is harder than anything trained on)", ""]
-    lines.append("accuracy per budget and level (bf16, greedy)")
+    lines.append(f"accuracy per budget and level ({base}, greedy)")
     lines.append(f"  {'budget':<8} {'params':>9} " + " ".join(f"{'L' + x:>6}" for x in levels) + f" {'all':>6}")
     for b, info in report["budgets"].items():
-        s = scores[(b, b, "bf16")]
+        s = scores[(b, b, base)]
         lines.append(f"  {b:<8} {info['params']:>9,} " + " ".join(_pct(s["by_level"].get(x)).rjust(6) for x in levels)
                      + " " + _pct(s["accuracy"]).rjust(6))
-    lines += ["", "budget control: thinking on one budget, answering on another (bf16)"]
+    lines += ["", f"budget control: thinking on one budget, answering on another ({base})"]
     lines.append(f"  {'think':<8} {'answer':<8} {'accuracy':>8} {'think tok':>9} {'s/item':>7}  "
                  + " ".join(f"{'L' + x:>6}" for x in levels))
     for c in report["control"]:
@@ -40,7 +41,7 @@ def tables(report: dict) -> str:
                          f"{_pct(p['bf16_accuracy']):>7} {_pct(p['recovery']):>8}")
     if report.get("compare"):
         c = report["compare"]
-        lines += ["", "nested budget against an independently trained model of its size (bf16)",
+        lines += ["", "nested budget against an independently trained model of its size",
                   f"  nested {c['nested_budget']:<8} {c['nested_params']:>9,} params  {_pct(c['nested_accuracy'])}",
                   f"  independent     {c['params']:>9,} params  {_pct(c['independent']['accuracy'])}  ({c['path']})"]
     return "\n".join(lines)
@@ -58,7 +59,8 @@ def pareto(points: list[tuple[float, float]]) -> list[int]:
 
 
 def plot(report: dict, out: str | Path) -> Path:
-    """Accuracy against seconds per item for every bf16 configuration, the frontier drawn through them."""
+    """Accuracy against seconds per item for every configuration at the stored precision, the frontier drawn
+    through them."""
     try:
         import matplotlib
 
@@ -66,7 +68,7 @@ def plot(report: dict, out: str | Path) -> Path:
         import matplotlib.pyplot as plt
     except ImportError:
         raise RuntimeError("the plot needs matplotlib: pip install 'elastic-local[plot]'") from None
-    rows = [s for s in report["scores"] if s["precision"] == "bf16"]
+    rows = [s for s in report["scores"] if s["precision"] == report.get("base", "bf16")]
     pts = [(s["seconds_per_item"], s["accuracy"]) for s in rows]
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for s, (x, y) in zip(rows, pts):

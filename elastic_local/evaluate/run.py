@@ -18,6 +18,7 @@ import torch
 
 from ..engine.elastic_model import ElasticModel
 from ..model.budget import count_params
+from ..quant.scheme import read_quant_config
 from ..tasks.corpus import check, items, prompt_messages
 from ..tasks.families import ALL_LEVELS, FAMILIES, Item
 
@@ -106,11 +107,12 @@ def evaluate(path: str | Path | None, per_cell: int = 5, levels: tuple[int, ...]
     its = eval_items(per_cell, seed, levels)
     say = progress or (lambda _m: None)
     model = load(path)
+    base = read_quant_config(model.path)[0]  # what the file stores: the rows every other precision is held to
     names = model.budgets
     role = roles(names)
     cfg = model.config
-    report: dict = {"model": str(model.path), "items": len(its), "per_cell": per_cell, "levels": list(levels),
-                    "seed": seed,
+    report: dict = {"model": str(model.path), "base": base, "items": len(its), "per_cell": per_cell,
+                    "levels": list(levels), "seed": seed,
                     "budgets": {b: {"params": count_params(cfg, model.budget(b))[0],
                                     "active_params": count_params(cfg, model.budget(b))[1]} for b in names},
                     "roles": role, "scores": []}
@@ -125,29 +127,29 @@ def evaluate(path: str | Path | None, per_cell: int = 5, levels: tuple[int, ...]
         return done[key]
 
     for b in names:
-        run(model, b, b, "bf16")
+        run(model, b, b, base)
     for t, a in CONTROL:
-        run(model, role[t], role[a], "bf16")
-    report["control"] = [{"think": t, "answer": a, "key": [role[t], role[a], "bf16"]} for t, a in CONTROL]
+        run(model, role[t], role[a], base)
+    report["control"] = [{"think": t, "answer": a, "key": [role[t], role[a], base]} for t, a in CONTROL]
     del model
 
     report["precision"] = []
     for precision in precisions:
-        if precision == "bf16":
+        if precision == base or base != "bf16":  # a quantized file loads as stored only
             continue
         qmodel = load(path, precision=precision)
         for b in names:
-            q, base = run(qmodel, b, b, precision), done[(b, b, "bf16")]
+            q, ref = run(qmodel, b, b, precision), done[(b, b, base)]
             report["precision"].append({"budget": b, "precision": precision, "accuracy": q.accuracy,
-                                        "bf16_accuracy": base.accuracy,
-                                        "recovery": q.accuracy / base.accuracy if base.accuracy else None})
+                                        "bf16_accuracy": ref.accuracy,
+                                        "recovery": q.accuracy / ref.accuracy if ref.accuracy else None})
         del qmodel
 
     if compare is not None:
         other = load(compare)
-        o = score(other, its, other.budgets[0], other.budgets[0], "bf16", batch_size)
+        o = score(other, its, other.budgets[0], other.budgets[0], read_quant_config(other.path)[0], batch_size)
         say(f"independent model {compare}: {o.accuracy:.3f}")
-        nested = done[(role["small"], role["small"], "bf16")]
+        nested = done[(role["small"], role["small"], base)]
         report["compare"] = {"path": str(compare), "params": count_params(other.config, other.budget())[0],
                              "independent": o.to_dict(), "nested_budget": role["small"],
                              "nested_params": report["budgets"][role["small"]]["params"],
