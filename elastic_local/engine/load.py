@@ -53,6 +53,6 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     resident = budgets[budget] if budget is not None else next(iter(budgets.values()))
     net = load_network(path, resident=resident, stored=stored_budget(cfg), dtype=dtype, device=device,
                        progress=progress, precision=precision, keep=keep)
-    if torch.device(device).type == "cpu" and os.environ.get(LAYOUT_ENV) != "rows":
-        net.transpose_weights()
+    if torch.device(device).type == "cpu" and dtype == torch.float32 and os.environ.get(LAYOUT_ENV) != "rows":
+        net.transpose_weights()  # float32 only: in bf16 `x @ t` is the slower path (linear.Transposed)
     return ElasticModel(net, {k: b for k, b in budgets.items() if b.fits_in(resident)}, path, tokenizer)

@@ -73,7 +73,9 @@ class Transposed:
     projections) and rows of `r1 - r0` contiguous values otherwise. The [out, in] layout sends every
     strided view (every smaller budget) to MKL's slow path. Measured on the demo model, one thread,
     decode tok/s full / mid / small: [out, in] 120 / 113 / 148, this layout 161 / 176 / 215
-    (benchmarks/bench_budgets.py). Training keeps the [out, in] tensors (autograd, optimizer state)."""
+    (benchmarks/bench_budgets.py). Float32 only: in bfloat16 torch's `x @ t` on this CPU runs at half the
+    speed of the [out, in] path (demo full budget 99 against 196 tok/s), so bf16 weights stay [out, in].
+    Training keeps the [out, in] tensors (autograd, optimizer state)."""
 
     def __init__(self, t: torch.Tensor):
         self.t = t

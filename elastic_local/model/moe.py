@@ -43,11 +43,17 @@ def mlp(x: torch.Tensor, up, down, channels: int, keep: torch.Tensor | None = No
     return linear(h, block(down, 0, d, channels))
 
 
-def route(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, experts: int, cfg):
-    """(weights [N, k] float32, expert ids [N, k]) for tokens x [N, d], choosing among the first `experts`."""
+def route(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, experts: int, cfg,
+          kept: torch.Tensor | None = None):
+    """(weights [N, k] float32, expert ids [N, k]) for tokens x [N, d], choosing among the first `experts`.
+    `kept` (soft budgets, router training only): per expert, the probability that the budget keeps it; an
+    expert is chosen as if its score were lowered by log(kept) and its output is weighed by it, so a kept
+    expert (1) routes as usual and a dropped one (0) is never chosen: the prefix the runtime routes within."""
     d = x.shape[-1]
     scores = torch.sigmoid(F.linear(x.float(), gate[:experts, :d]))
     choice = scores + bias[:experts]
+    if kept is not None:
+        choice = choice + kept.float().clamp_min(1e-12).log()
     E = gate.shape[0]
     if cfg.n_group > 1:  # group-limited: keep the topk_group groups whose two best experts score highest
         if experts < E:
@@ -60,6 +66,8 @@ def route(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, experts: int,
     weights = scores.gather(1, ids)
     if cfg.norm_topk_prob:
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    if kept is not None:
+        weights = weights * kept.float()[ids]
     return weights * cfg.routed_scaling_factor, ids
 
 
@@ -72,7 +80,7 @@ def moe(x: torch.Tensor, w: MoEWeights, experts: int, channels: int, shared_chan
     shape = x.shape
     d = shape[-1]
     flat = x.reshape(-1, d)
-    weights, ids = route(flat, w.gate, w.bias, experts, cfg)
+    weights, ids = route(flat, w.gate, w.bias, experts, cfg, unit_weights(soft, "experts", experts))
     if flat.shape[0] == 1:  # one token (batch-1 decode): just its k experts, no sorting
         out = sum(mlp(flat, w.up[e], w.down[e], channels, keep) * wt
                   for e, wt in zip(ids[0].tolist(), weights[0].to(x.dtype).unbind()))

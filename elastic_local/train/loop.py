@@ -226,7 +226,8 @@ def train(src: str | Path, out: str | Path, data: list[str], budgets: dict[str, 
     net = load_network(parent, dtype=torch.float32, device=device)
     params = make_trainable(net)
     torch.manual_seed(recipe.seed)  # the router's initial weights
-    router = Router(cfg, budgets, hidden=recipe.router_hidden, heterogeneous=recipe.heterogeneous,
+    router = Router(cfg, budgets, tuple(recipe.router_axes), hidden=recipe.router_hidden,
+                    heterogeneous=recipe.heterogeneous,
                     max_choices=recipe.max_choices).to(device)
     fixed = None
     if qad and (parent / "router.json").is_file():

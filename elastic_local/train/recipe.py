@@ -14,6 +14,8 @@ from pathlib import Path
 
 import tomllib
 
+from .router import DEFAULT_AXES, ROUTED_AXES
+
 
 @dataclass
 class Recipe:
@@ -28,6 +30,7 @@ class Recipe:
     warmup_steps: int = 10
     grad_clip: float = 1.0
     router_hidden: int = 64
+    router_axes: list[str] = field(default_factory=lambda: list(DEFAULT_AXES))  # the axes the router sizes
     max_choices: int = 8
     heterogeneous: bool = True
     tau_start: float = 1.0
@@ -66,6 +69,9 @@ class Recipe:
             raise ValueError(f"{where}: stage1_fraction must be in 0..1, got {self.stage1_fraction}")
         if not 0 < self.heldout_fraction < 1:
             raise ValueError(f"{where}: heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
+        unknown = sorted(set(self.router_axes) - set(ROUTED_AXES))
+        if unknown:
+            raise ValueError(f"{where}: router_axes {unknown} unknown; choose from {list(ROUTED_AXES)}")
         if any(w < 0 for w in self.stage2_weights) or not sum(self.stage2_weights) > 0:
             raise ValueError(f"{where}: stage2_weights must be non-negative and not all zero")
 

@@ -11,11 +11,12 @@ from elastic_local.checkpoint.load import load_network
 from elastic_local.model import Budget
 from elastic_local.model.soft import SoftSize
 from elastic_local.train.loop import Student
-from elastic_local.train.router import Router
+from elastic_local.train.router import ROUTED_AXES, Router
 from elastic_local.train.weights import make_trainable
 
 IDS = torch.randint(0, 96, (2, 10), generator=torch.Generator().manual_seed(3))
-CUTS = {"mamba_heads": 4, "attention_heads": 2, "expert_channels": 16, "shared_channels": 32, "mlp_channels": 48}
+CUTS = {"mamba_heads": 4, "attention_heads": 2, "experts": 4, "expert_channels": 16, "shared_channels": 32,
+        "mlp_channels": 48}
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,7 @@ def test_gradients_reach_the_router_and_the_shared_weights(tmp_path):
     net = load_network(tmp_path / "p")
     teacher = load_network(tmp_path / "p")
     params = make_trainable(net)
-    router = Router(net.cfg, {"half": 0.5, "big": 0.8})
+    router = Router(net.cfg, {"half": 0.5, "big": 0.8}, ROUTED_AXES)  # every axis the router can size
     student = Student(net, params, router)
     with torch.no_grad():
         tlogp = torch.log_softmax(teacher.forward(IDS), -1)
@@ -73,6 +74,8 @@ def test_gradients_reach_the_router_and_the_shared_weights(tmp_path):
                              torch.Generator().manual_seed(0), float(IDS.numel()), 1.0, 0.05)
     loss.backward()
     assert kd > 0 and cost is not None
+    assert set(router.mlps) == {"mamba_heads", "attention_heads", "experts", "expert_channels", "shared_channels",
+                                "mlp_channels"}
     for a, m in router.mlps.items():
         assert m[0].weight.grad is not None and m[0].weight.grad.abs().sum() > 0, a
     shared = ["embeddings.weight", "layers.0.mixer.in_proj", "layers.1.mixer.qkv", "layers.2.mixer.up",
