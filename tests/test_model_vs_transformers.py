@@ -18,6 +18,8 @@ CONFIGS = {
     # one group, 8-way GQA, unnormalised top-k weights
     "one_group": dict(n_groups=1, num_attention_heads=8, num_key_value_heads=1, norm_topk_prob=False,
                       hybrid_override_pattern="EM*M", chunk_size=3),
+    # tie_word_embeddings: transformers still writes (and runs) its own lm_head.weight
+    "tied": dict(tie_word_embeddings=True, hybrid_override_pattern="-M*E"),
 }
 
 
