@@ -72,8 +72,8 @@ class Transposed:
     `t[:cols, r0:r1]` is a prefix of those rows, contiguous when the budget cuts only inputs (down and out
     projections) and rows of `r1 - r0` contiguous values otherwise. The [out, in] layout sends every
     strided view (every smaller budget) to MKL's slow path. Measured on the demo model, one thread,
-    decode tok/s full / mid / small: [out, in] 120 / 113 / 148, this layout 161 / 176 / 215
-    (benchmarks/bench_budgets.py). Float32 only: in bfloat16 torch's `x @ t` on this CPU runs at half the
+    decode tok/s full / mid / small: [out, in] 141 / 171 / 162, this layout 203 / 199 / 261
+    (benchmarks/bench_budgets.py, README). Float32 only: in bfloat16 torch's `x @ t` on this CPU runs at half the
     speed of the [out, in] path (demo full budget 99 against 196 tok/s), so bf16 weights stay [out, in].
     Training keeps the [out, in] tensors (autograd, optimizer state)."""
 
