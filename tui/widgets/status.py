@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import psutil
 from textual.widgets import Static
 
@@ -10,15 +12,27 @@ from ..reply import Reply
 GIB = 2**30
 
 
-def memory() -> tuple[int, int]:
+_last: tuple[float, tuple[int, int]] | None = None
+
+
+def memory(max_age: float = 1.0) -> tuple[int, int]:
     """(bytes in use, bytes available to use): this process's RSS against the machine's RAM on CPU; the
-    allocator's reserve against the GPU's memory when torch runs on CUDA."""
+    allocator's reserve against the GPU's memory when torch runs on CUDA. Read at most once a `max_age`
+    seconds: the status line is redrawn with every batch of a reply, and each read costs the UI thread ~2 ms
+    of /proc parsing that the generation thread waits out."""
+    global _last
+    now = time.monotonic()
+    if _last is not None and now - _last[0] < max_age:
+        return _last[1]
     import torch
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         free, total = torch.cuda.mem_get_info()
-        return torch.cuda.memory_reserved(), total
-    return psutil.Process().memory_info().rss, psutil.virtual_memory().total
+        value = torch.cuda.memory_reserved(), total
+    else:
+        value = psutil.Process().memory_info().rss, psutil.virtual_memory().total
+    _last = now, value
+    return value
 
 
 def rate(r: Reply | None, phase: str) -> str:
