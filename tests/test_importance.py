@@ -90,5 +90,17 @@ def test_depth_order_removes_a_layer_that_does_nothing_first(tmp_path):
     save_file(sd, f, metadata={"format": "pt"})
     net = elastic_local.load(tmp_path / "p").net
     seqs = torch.randint(0, 96, (2, 24), generator=torch.Generator().manual_seed(4)).tolist()
-    order = depth_order(net, seqs)
+    order, nmse = depth_order(net, seqs)
     assert order[:2] == [4, 1] and sorted(order) == list(range(7))
+    # the NMSE each removal leaves: none without the zeroed MLP, little without the muted attention, then more
+    assert len(nmse) == 6 and nmse[0] < 1e-10 and nmse[1] < 0.01 < nmse[2] < nmse[-1]
+
+
+def test_the_search_charges_a_depth_cut_what_its_removal_measured():
+    from elastic_local.elastic.search import _depth_loss
+    from elastic_local.model import Budget, LayerSizes
+
+    layers = tuple(LayerSizes("-", enabled=i != 2, mlp_channels=16) for i in range(4))
+    b = Budget("b", 16, layers)  # one layer already removed
+    assert _depth_loss(b, [0.0, 0.3, 1.0]) == 0.3  # the second removal adds 0.3 of the whole
+    assert _depth_loss(b, None) == 0.25  # nothing measured: every layer alike

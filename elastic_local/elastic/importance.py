@@ -49,6 +49,7 @@ class Importance:
     hidden: torch.Tensor  # [D]
     layers: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # layer -> axis -> scores
     depth_order: list[int] | None = None  # layers from least to most important (removal order)
+    depth_nmse: list[float] | None = None  # logits' normalised MSE after removing depth_order[:k + 1]
     tokens: int = 0
     source: str = ""
 
@@ -59,7 +60,8 @@ class Importance:
         for i, axes in self.layers.items():
             for name, t in axes.items():
                 tensors[f"layers.{i}.{name}"] = t.contiguous()
-        meta = {"tokens": str(self.tokens), "source": self.source, "depth_order": json.dumps(self.depth_order)}
+        meta = {"tokens": str(self.tokens), "source": self.source, "depth_order": json.dumps(self.depth_order),
+                "depth_nmse": json.dumps(self.depth_nmse)}
         save_file(tensors, path, metadata=meta)
 
 
@@ -156,7 +158,7 @@ def score(net: NemotronH, ids: list[int], seq_len: int = 512, depth: bool = Fals
         imp.layers[i] = {k: v.float() for k, v in axes.items()}
     imp.hidden = imp.hidden.float()
     if depth:
-        imp.depth_order = depth_order(net, seqs, progress)
+        imp.depth_order, imp.depth_nmse = depth_order(net, seqs, progress)
     return imp
 
 
@@ -165,14 +167,19 @@ def _order(file_heads: torch.Tensor) -> torch.Tensor:
     return torch.argsort(file_heads)
 
 
+DEPTH_SEQUENCES = 4  # the search runs L^2 / 2 forwards over each: a handful of sequences, not the whole set
+
+
 @torch.inference_mode()
-def depth_order(net: NemotronH, seqs: list[list[int]], progress=None) -> list[int]:
-    """Layers in removal order: each step removes the layer whose absence changes the logits least
-    (normalised MSE against the full model), given the layers already removed."""
+def depth_order(net: NemotronH, seqs: list[list[int]], progress=None) -> tuple[list[int], list[float]]:
+    """Layers in removal order, each step removing the layer whose absence changes the logits least
+    (normalised MSE against the full model) given the layers already removed; and that NMSE after each
+    step (the budget search charges a depth cut what it adds)."""
     full = net.resident
-    batches = [torch.tensor([s], device=net.device) for s in seqs[:4]]
+    batches = [torch.tensor([s], device=net.device) for s in seqs[:DEPTH_SEQUENCES]]
     ref = [net.forward(b) for b in batches]
     removed: list[int] = []
+    nmse: list[float] = []
     L = len(full.layers)
     for step in range(L - 1):
         best, best_err = -1, float("inf")
@@ -186,6 +193,7 @@ def depth_order(net: NemotronH, seqs: list[list[int]], progress=None) -> list[in
             if err < best_err:
                 best, best_err = i, err
         removed.append(best)
+        nmse.append(best_err / len(batches))
         if progress:
             progress(step + 1, L - 1, "depth")
-    return removed + [i for i in range(L) if i not in removed]
+    return removed + [i for i in range(L) if i not in removed], nmse

@@ -64,8 +64,8 @@ def importance_orders(cfg: NemotronHConfig, imp: Importance) -> Selection:
 
 def permute_scores(imp: Importance, sel: Selection) -> Importance:
     """The scores as the nested file lays its units out (each axis descending)."""
-    out = Importance(hidden=imp.hidden[sel.hidden], depth_order=imp.depth_order, tokens=imp.tokens,
-                     source=imp.source)
+    out = Importance(hidden=imp.hidden[sel.hidden], depth_order=imp.depth_order, depth_nmse=imp.depth_nmse,
+                     tokens=imp.tokens, source=imp.source)
     for ls in sel.layers:
         s = imp.layers.get(ls.source, {})
         d: dict[str, torch.Tensor] = {}

@@ -73,8 +73,19 @@ def _cut_loss(scores: torch.Tensor, keep_units: int, cut_units: int) -> float:
     return float(scores[keep_units - cut_units:keep_units].sum()) / total
 
 
+def _depth_loss(b: Budget, depth_nmse: list[float] | None) -> float:
+    """What removing the next layer in depth order costs: the logits' normalised MSE it adds, as a fraction
+    of what removing all but one layer does (the other axes' losses are fractions too); 1/L, every layer
+    alike, when no NMSE was measured."""
+    k = sum(not s.enabled for s in b.layers)  # layers the search has already removed, in depth order
+    if not depth_nmse or k >= len(depth_nmse) or depth_nmse[-1] <= 0:
+        return 1.0 / len(b.layers)
+    before = depth_nmse[k - 1] if k else 0.0
+    return max(depth_nmse[k] - before, 0.0) / depth_nmse[-1]
+
+
 def _candidates(cfg: NemotronHConfig, b: Budget, scores: dict, axes: tuple[str, ...], heterogeneous: bool,
-                depth_order: list[int] | None):
+                depth_order: list[int] | None, depth_nmse: list[float] | None = None):
     """Yield (loss, new budget) for every single cut allowed from b."""
     if "hidden" in axes:
         step = _step(cfg.hidden_size)
@@ -112,7 +123,7 @@ def _candidates(cfg: NemotronHConfig, b: Budget, scores: dict, axes: tuple[str, 
             i = on[0]
             layers_new = list(b.layers)
             layers_new[i] = replace(layers_new[i], enabled=False)
-            yield 1.0 / len(b.layers), replace(b, layers=tuple(layers_new))
+            yield _depth_loss(b, depth_nmse), replace(b, layers=tuple(layers_new))
 
 
 def search_budget(cfg: NemotronHConfig, imp: Importance, start: Budget, name: str, target_params: int,
@@ -124,7 +135,7 @@ def search_budget(cfg: NemotronHConfig, imp: Importance, start: Budget, name: st
     lo, hi = target_params * (1 - TOLERANCE), target_params * (1 + TOLERANCE)
     while params > hi:
         best = None
-        for loss, cand in _candidates(cfg, b, scores, axes, heterogeneous, imp.depth_order):
+        for loss, cand in _candidates(cfg, b, scores, axes, heterogeneous, imp.depth_order, imp.depth_nmse):
             p = count_params(cfg, cand)[0]
             if p < lo:
                 continue  # overshoots the target: a finer axis must close the gap
