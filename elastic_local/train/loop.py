@@ -280,6 +280,7 @@ def train(src: str | Path, out: str | Path, data: list[str], budgets: dict[str, 
                        {"opt": om, "ropt": rm, "progress": {"running": prog.running}})
         _barrier(world)
 
+    bf16 = recipe.autocast_on(str(device))
     for step in range(start, last):
         seqs, trained = stages[sched.stage(step)]
         idx = batch_indices(len(seqs), recipe.batch_size, step, recipe.seed)
@@ -287,7 +288,8 @@ def train(src: str | Path, out: str | Path, data: list[str], budgets: dict[str, 
         norm = float(tr.sum()) / world  # DDP averages over ranks: per rank, divide by the global count / world
         mine = slice(rank * per_rank, (rank + 1) * per_rank)
         ids, tr = ids[mine], tr[mine]
-        with torch.no_grad():
+        autocast = torch.autocast(torch.device(device).type, torch.bfloat16, enabled=bf16)
+        with torch.no_grad(), autocast:
             tlogp = F.log_softmax(teacher.forward(ids), dim=-1)
         k = sched.budget(step)
         name, fraction = sched.budgets[k]
@@ -296,8 +298,9 @@ def train(src: str | Path, out: str | Path, data: list[str], budgets: dict[str, 
             for g in o.param_groups:
                 g["lr"] = sched.lr(step, base)
         noise = torch.Generator().manual_seed(recipe.seed * 104_729 + step)
-        loss, kd, _ = model(ids, tr, tlogp, fraction, (fraction or 1.0) * full_params, tau, scale, noise,
-                            max(norm, 1e-9), recipe.cost_lambda, recipe.dead_zone)
+        with autocast:  # the forward only: backward follows autocast's casts, the optimizer steps fp32 weights
+            loss, kd, _ = model(ids, tr, tlogp, fraction, (fraction or 1.0) * full_params, tau, scale, noise,
+                                max(norm, 1e-9), recipe.cost_lambda, recipe.dead_zone)
         opt.zero_grad(set_to_none=True)
         ropt.zero_grad(set_to_none=True)
         loss.backward()

@@ -31,6 +31,7 @@ class Recipe:
     grad_clip: float = 1.0
     router_hidden: int = 64
     router_axes: list[str] = field(default_factory=lambda: list(DEFAULT_AXES))  # the axes the router sizes
+    autocast: str = "auto"  # forwards in bf16 autocast (fp32 master weights): auto = on a GPU, bf16, off
     max_choices: int = 8
     heterogeneous: bool = True
     tau_start: float = 1.0
@@ -69,11 +70,17 @@ class Recipe:
             raise ValueError(f"{where}: stage1_fraction must be in 0..1, got {self.stage1_fraction}")
         if not 0 < self.heldout_fraction < 1:
             raise ValueError(f"{where}: heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
+        if self.autocast not in ("auto", "bf16", "off"):
+            raise ValueError(f"{where}: autocast must be auto, bf16 or off, got {self.autocast!r}")
         unknown = sorted(set(self.router_axes) - set(ROUTED_AXES))
         if unknown:
             raise ValueError(f"{where}: router_axes {unknown} unknown; choose from {list(ROUTED_AXES)}")
         if any(w < 0 for w in self.stage2_weights) or not sum(self.stage2_weights) > 0:
             raise ValueError(f"{where}: stage2_weights must be non-negative and not all zero")
+
+    def autocast_on(self, device: str) -> bool:
+        """bf16 autocast for this device: a GPU's tensor cores want it; on a CPU it is opt-in (slower here)."""
+        return self.autocast == "bf16" or (self.autocast == "auto" and device.startswith("cuda"))
 
     def stage1_steps(self) -> int:
         return round(self.steps * self.stage1_fraction)

@@ -82,3 +82,29 @@ def test_gradients_reach_the_router_and_the_shared_weights(tmp_path):
               "layers.4.mixer.up", "lm_head.weight"]
     for name in shared:
         assert params[name].grad is not None and params[name].grad.abs().sum() > 0, name
+
+
+def test_a_bf16_autocast_step_matches_the_float32_step(tmp_path):
+    """The GPU recipe (bf16 autocast around the forwards, float32 master weights), run on the CPU: the loss
+    is the float32 one within bf16 rounding and every gradient is finite."""
+    from elastic_local.train.recipe import Recipe
+
+    assert Recipe(autocast="auto").autocast_on("cuda:0") and not Recipe(autocast="auto").autocast_on("cpu")
+    make_checkpoint(tmp_path / "p", seed=6, **ALIGNED)
+    teacher = load_network(tmp_path / "p")
+    with torch.no_grad():
+        tlogp = torch.log_softmax(teacher.forward(IDS), -1)
+    losses = []
+    for bf16 in (False, True):
+        net = load_network(tmp_path / "p")
+        params = make_trainable(net)
+        torch.manual_seed(0)
+        student = Student(net, params, Router(net.cfg, {"half": 0.5, "big": 0.8}))
+        full = float(sum(p.numel() for p in params.values()))
+        with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+            loss, kd, _ = student(IDS, torch.ones(IDS.shape), tlogp, 0.5, 0.5 * full, 1.0, 1.0,
+                                  torch.Generator().manual_seed(0), float(IDS.numel()), 1.0, 0.05)
+        loss.backward()
+        assert all(p.grad is not None and p.grad.isfinite().all() for p in params.values() if p.grad is not None)
+        losses.append(float(kd))
+    assert losses[1] != losses[0] and abs(losses[1] - losses[0]) <= 0.05 * losses[0]  # bf16 ran, close
