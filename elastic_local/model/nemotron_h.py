@@ -21,7 +21,7 @@ from .cost import PREFILL_CHUNK
 from .linear import Transposed, block, linear, rms_norm
 from .mamba2 import MambaState, MambaWeights, mamba_mixer
 from .moe import MLPWeights, MoEWeights, mlp, moe
-from .soft import SoftLayer, unit_weights
+from .soft import SoftLayer, SoftSize, unit_weights
 
 Observer = Callable[[int, str, torch.Tensor], None]
 
@@ -159,25 +159,29 @@ class NemotronH:
         return HybridCache(b, states, [0] * batch_size)
 
     def forward(self, ids: torch.Tensor, budget: Budget | None = None, cache: HybridCache | None = None,
-                last_only: bool = False, soft: list[SoftLayer | None] | None = None) -> torch.Tensor:
+                last_only: bool = False, soft: list[SoftLayer | None] | None = None,
+                soft_hidden: SoftSize | None = None) -> torch.Tensor:
         """Logits (float32) of `ids` [B, T]. With a cache, continues the cached sequences and advances them;
         long inputs are prefilled in chunks of `prefill_chunk` tokens to bound activation memory. It builds an
         autograd graph when weights require grad (training); runtime callers wrap it in inference_mode.
-        `soft` (router training only, see soft.py): per layer, axes whose size is a mix of candidates."""
+        `soft` (router training only, see soft.py): per layer, axes whose size is a mix of candidates;
+        `soft_hidden` the same for the hidden width (embeddings, every norm, every block's output)."""
         b = self._budget(budget if cache is None else cache.budget)
         if cache is not None and budget is not None and budget != cache.budget:
             raise ValueError(f"this cache belongs to budget {cache.budget.name!r}, not {budget.name!r}")
         T = ids.shape[1]
         if cache is None or T <= self.prefill_chunk:
-            return self._forward(ids, b, cache, last_only, soft)
-        outs = [self._forward(ids[:, i:i + self.prefill_chunk], b, cache, last_only, soft)
+            return self._forward(ids, b, cache, last_only, soft, soft_hidden)
+        outs = [self._forward(ids[:, i:i + self.prefill_chunk], b, cache, last_only, soft, soft_hidden)
                 for i in range(0, T, self.prefill_chunk)]
         return outs[-1] if last_only else torch.cat(outs, dim=1)
 
     def _forward(self, ids: torch.Tensor, b: Budget, cache: HybridCache | None, last_only: bool,
-                 soft: list[SoftLayer | None] | None = None) -> torch.Tensor:
+                 soft: list[SoftLayer | None] | None = None, soft_hidden: SoftSize | None = None) -> torch.Tensor:
         cfg, d = self.cfg, b.hidden
         eps = cfg.layer_norm_epsilon
+        norm = rms_norm if soft_hidden is None else soft_hidden.rms_norm
+        width = None if soft_hidden is None else soft_hidden.keep(d)  # channels past a candidate width stay 0
         start, lengths = 0, None
         if cache is not None:
             if len(set(cache.lengths)) == 1:
@@ -185,12 +189,14 @@ class NemotronH:
             else:
                 lengths = torch.tensor(cache.lengths, device=ids.device)
         h = torch.nn.functional.embedding(ids, self.embed[:, :d])
+        if width is not None:
+            h = h * width.to(h.dtype)
         for i, (layer, s) in enumerate(zip(self.layers, b.layers)):
             if not s.enabled:
                 continue
             state = None if cache is None else cache.layers[i]
             sl = (soft[i] if soft is not None else None) or {}
-            x = rms_norm(h, layer.norm[:d], eps)
+            x = norm(h, layer.norm[:d], eps)
             if self.observer is not None:
                 self.observer(i, "input", x)
             if s.kind == "M":
@@ -203,10 +209,10 @@ class NemotronH:
             else:
                 keep = unit_weights(sl, "mlp_channels", s.mlp_channels)
                 x = mlp(x, layer.mixer.up, layer.mixer.down, s.mlp_channels, keep)
-            h = h + x
+            h = h + (x if width is None else x * width.to(x.dtype))
         if cache is not None:
             cache.lengths = [n + ids.shape[1] for n in cache.lengths]
         if last_only:
             h = h[:, -1:]
-        h = rms_norm(h, self.norm_f[:d], eps)
+        h = norm(h, self.norm_f[:d], eps)
         return linear(h, block(self.lm_head, 0, self.lm_head.shape[0], d)).float()

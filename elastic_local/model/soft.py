@@ -38,6 +38,17 @@ class SoftSize:
         return weight * (v * scale[..., None]).reshape(h.shape)
 
 
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm over a soft hidden width: candidate k normalises over its first sizes[k] channels and
+        zeroes the rest, mixed by the weights (the runtime's `rms_norm` of the prefix, for one-hot ones)."""
+        h = x.float()
+        D = h.shape[-1]
+        ms = h.pow(2).cumsum(-1) / torch.arange(1, D + 1, device=h.device, dtype=h.dtype)  # mean square of prefixes
+        inv = torch.rsqrt(ms.index_select(-1, self.sizes - 1) + eps)  # [..., K]
+        keep = (torch.arange(D, device=h.device)[:, None] < self.sizes[None]).to(h.dtype) * self.weights.to(h.dtype)
+        return (weight.float() * h * torch.einsum("...k,dk->...d", inv, keep)).to(x.dtype)
+
+
 SoftLayer = dict[str, SoftSize]  # axis name (as in LayerSizes) -> its soft size
 
 

@@ -66,13 +66,13 @@ class Student(nn.Module):
 
     def forward(self, ids, trained, teacher_logp, fraction: float | None, target: float, tau: float, scale: float,
                 noise: torch.Generator, norm: float, cost_lambda: float, dead_zone: float):
-        soft, cost_loss, cost = None, torch.zeros((), dtype=torch.float64), None
+        soft, hidden, cost_loss, cost = None, None, torch.zeros((), dtype=torch.float64), None
         if fraction is not None:
             w = self.fixed[fraction] if self.fixed else self.router.sample(fraction, tau, scale, noise)
-            soft = self.router.soft_layers(w)
+            soft, hidden = self.router.soft_layers(w), self.router.soft_hidden(w)
             cost = self.router.expected_params(w)
             cost_loss = cost_lambda * F.relu((cost / target - 1).abs() - dead_zone)
-        kd = kd_sum(self.net.forward(ids, soft=soft), teacher_logp, trained) / norm
+        kd = kd_sum(self.net.forward(ids, soft=soft, soft_hidden=hidden), teacher_logp, trained) / norm
         return kd + cost_loss.to(kd.dtype).to(kd.device), kd.detach(), cost
 
 

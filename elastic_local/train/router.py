@@ -23,16 +23,17 @@ from ..model.budget import Budget, count_params
 from ..model.config import NemotronHConfig
 from ..model.soft import SoftLayer, SoftSize
 
-# what the router can size: `experts` only with n_group == 1 (group-limited routing fixes each group's
-# experts); no `hidden` axis yet. The default leaves experts out: in the short training runs of the tests
-# the expert count's large per-unit cost kept the router from reaching its targets (recipe `router_axes`
-# turns it on).
-ROUTED_AXES = ("mamba_heads", "attention_heads", "experts", "expert_channels", "shared_channels", "mlp_channels")
-DEFAULT_AXES = tuple(a for a in ROUTED_AXES if a != "experts")
+# what the router can size: `hidden` (one width for the whole network), and per layer heads, experts (only
+# with n_group == 1: group-limited routing fixes each group's experts) and channels. The default leaves the
+# hidden width and the expert count out: in the short training runs of the tests their large per-unit
+# cost kept the router from reaching its targets (recipe `router_axes` turns them on).
+ROUTED_AXES = ("hidden", "mamba_heads", "attention_heads", "experts", "expert_channels", "shared_channels",
+               "mlp_channels")
+DEFAULT_AXES = tuple(a for a in ROUTED_AXES if a not in ("hidden", "experts"))
 
 
 def _full_size(cfg: NemotronHConfig, axis: str) -> int:
-    return {"mamba_heads": cfg.mamba_num_heads, "attention_heads": cfg.num_attention_heads,
+    return {"hidden": cfg.hidden_size, "mamba_heads": cfg.mamba_num_heads, "attention_heads": cfg.num_attention_heads,
             "experts": cfg.n_routed_experts, "expert_channels": cfg.moe_intermediate_size,
             "shared_channels": cfg.moe_shared_expert_intermediate_size,
             "mlp_channels": cfg.intermediate_size}[axis]
@@ -74,33 +75,20 @@ class Router(nn.Module):
         self.names = [n for n, _ in sorted(budgets.items(), key=lambda kv: -kv[1])]
         self.fractions = [budgets[n] for n in self.names]
         self.heterogeneous, self.hidden = heterogeneous, hidden
-        present = {LAYER_AXES[a] for a in axes} & set(cfg.pattern)
-        self.axes = tuple(a for a in axes if LAYER_AXES[a] in present and (a != "experts" or cfg.n_group == 1))
+        self.axes = tuple(a for a in axes if a == "hidden" or (LAYER_AXES[a] in cfg.pattern
+                                                                and (a != "experts" or cfg.n_group == 1)))
         self.choices = choices or {a: candidate_sizes(cfg, a, max_choices) for a in self.axes}
-        self.layers = {a: [i for i, k in enumerate(cfg.pattern) if k == LAYER_AXES[a]] for a in self.axes}
+        # the layers each axis sizes; the hidden width is one size for all (no layer)
+        self.layers = {a: [i for i, k in enumerate(cfg.pattern) if k == LAYER_AXES[a]] for a in self.axes
+                       if a != "hidden"}
         nb = len(self.names)
         self.mlps = nn.ModuleDict({a: nn.Sequential(nn.Linear(nb, hidden), nn.LeakyReLU(),
                                                     nn.Linear(hidden, self._rows(a) * len(self.choices[a])))
                                    for a in self.axes})
         self.full = Budget.full(cfg)
-        self.cost_coef = self._param_coefficients()
 
     def _rows(self, axis: str) -> int:
-        return len(self.layers[axis]) if self.heterogeneous else 1
-
-    def _param_coefficients(self) -> dict[str, torch.Tensor]:
-        """Parameters per unit of each (axis, layer): the count is linear in every routed size."""
-        cfg, full = self.cfg, self.full
-        total = count_params(cfg, full)[0]
-        out = {}
-        for a in self.axes:
-            coef = []
-            for i in self.layers[a]:
-                layers = list(full.layers)
-                layers[i] = replace(layers[i], **{a: getattr(layers[i], a) - 1})
-                coef.append(total - count_params(cfg, replace(full, layers=tuple(layers)))[0])
-            out[a] = torch.tensor(coef, dtype=torch.float64)
-        return out
+        return len(self.layers[axis]) if self.heterogeneous and axis != "hidden" else 1
 
     # -- budgets in -----------------------------------------------------------------------------------
     def one_hot(self, fraction: float) -> torch.Tensor:
@@ -144,6 +132,10 @@ class Router(nn.Module):
         of a budget from the table)."""
         out = {}
         for a in self.axes:
+            if a == "hidden":
+                out[a] = nn.functional.one_hot(torch.tensor([self.choices[a].index(b.hidden)]),
+                                               len(self.choices[a])).float()
+                continue
             rows = self.layers[a] if self.heterogeneous else self.layers[a][:1]
             idx = torch.tensor([self.choices[a].index(getattr(b.layers[i], a)) for i in rows])
             out[a] = nn.functional.one_hot(idx, len(self.choices[a])).float()
@@ -153,28 +145,45 @@ class Router(nn.Module):
         """The network's per-layer soft sizes for these weights."""
         out: list[SoftLayer | None] = [None] * self.cfg.num_layers
         for a, w in weights.items():
+            if a == "hidden":
+                continue
             sizes = torch.tensor(self.choices[a], device=w.device)
             for r, i in enumerate(self.layers[a]):
                 out[i] = out[i] or {}
                 out[i][a] = SoftSize(sizes, w[r if self.heterogeneous else 0])
         return out
 
+    def soft_hidden(self, weights: dict) -> SoftSize | None:
+        """The network's soft hidden width for these weights (None: the router does not size it)."""
+        if "hidden" not in weights:
+            return None
+        w = weights["hidden"]
+        return SoftSize(torch.tensor(self.choices["hidden"], device=w.device), w[0])
+
     def expected_params(self, weights: dict) -> torch.Tensor:
-        """Parameter count of the configuration the weights mix (exact for one-hot weights)."""
-        total = torch.tensor(float(count_params(self.cfg, self.full)[0]), dtype=torch.float64)
-        for a, w in weights.items():
-            sizes = torch.tensor(self.choices[a], dtype=w.dtype, device=w.device)
-            mean = (w * sizes).sum(-1).double().cpu()
-            if not self.heterogeneous:
-                mean = mean.expand(len(self.layers[a]))
-            total = total - (self.cost_coef[a] * (_full_size(self.cfg, a) - mean)).sum()
-        return total
+        """Expected parameter count of the configuration the weights mix (exact for one-hot weights): the
+        count is multilinear in the sizes (hidden x channels x experts), and the axes are drawn
+        independently, so it is the count at each axis's expected size."""
+        mean = {a: (w * torch.tensor(self.choices[a], dtype=w.dtype, device=w.device)).sum(-1).double().cpu()
+                for a, w in weights.items()}
+        layers = list(self.full.layers)
+        for a, m in mean.items():
+            for r, i in enumerate(self.layers.get(a, [])):
+                layers[i] = replace(layers[i], **{a: m[r if self.heterogeneous else 0]})
+        hidden = mean["hidden"][0] if "hidden" in mean else self.cfg.hidden_size
+        total = count_params(self.cfg, Budget("expected", hidden, tuple(layers)))[0]
+        return torch.as_tensor(total, dtype=torch.float64)
 
     def budget(self, name: str, fraction: float, within: Budget | None = None, above: Budget | None = None) -> Budget:
         """The hard configuration for a budget, kept inside `within` (the next larger budget) and around
         `above` (the next smaller one) so that the table stays nested."""
-        layers = list(self.full.layers)
+        layers, hidden = list(self.full.layers), self.cfg.hidden_size
         for a, w in self.hard(fraction).items():
+            if a == "hidden":
+                hidden = self.choices[a][int(w[0].argmax())]
+                hidden = min(hidden, within.hidden) if within is not None else hidden
+                hidden = max(hidden, above.hidden) if above is not None else hidden
+                continue
             for r, i in enumerate(self.layers[a]):
                 size = self.choices[a][int(w[r if self.heterogeneous else 0].argmax())]
                 if within is not None:
@@ -182,7 +191,7 @@ class Router(nn.Module):
                 if above is not None:
                     size = max(size, getattr(above.layers[i], a))
                 layers[i] = replace(layers[i], **{a: size})
-        return Budget(name, self.cfg.hidden_size, tuple(layers))
+        return Budget(name, hidden, tuple(layers))
 
     def budgets(self) -> list[Budget]:
         """Hard configurations of the trained budgets, largest first, each nested in the one before."""
@@ -196,7 +205,7 @@ class Router(nn.Module):
         save_file({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()},
                   directory / "router.safetensors")
         meta = {"budgets": [{"name": n, "fraction": f} for n, f in zip(self.names, self.fractions)],
-                "axes": {a: {"choices": self.choices[a], "layers": self.layers[a]} for a in self.axes},
+                "axes": {a: {"choices": self.choices[a], "layers": self.layers.get(a, [])} for a in self.axes},
                 "hidden": self.hidden, "heterogeneous": self.heterogeneous,
                 "input": "one-hot over budgets (largest first), interpolated between neighbours"}
         (directory / "router.json").write_text(json.dumps(meta, indent=2) + "\n")

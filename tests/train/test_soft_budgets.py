@@ -8,7 +8,7 @@ import torch
 from tiny import ALIGNED, make_checkpoint
 
 from elastic_local.checkpoint.load import load_network
-from elastic_local.model import Budget
+from elastic_local.model import Budget, count_params
 from elastic_local.model.soft import SoftSize
 from elastic_local.train.loop import Student
 from elastic_local.train.router import ROUTED_AXES, Router
@@ -74,8 +74,8 @@ def test_gradients_reach_the_router_and_the_shared_weights(tmp_path):
                              torch.Generator().manual_seed(0), float(IDS.numel()), 1.0, 0.05)
     loss.backward()
     assert kd > 0 and cost is not None
-    assert set(router.mlps) == {"mamba_heads", "attention_heads", "experts", "expert_channels", "shared_channels",
-                                "mlp_channels"}
+    assert set(router.mlps) == {"hidden", "mamba_heads", "attention_heads", "experts", "expert_channels",
+                                "shared_channels", "mlp_channels"}
     for a, m in router.mlps.items():
         assert m[0].weight.grad is not None and m[0].weight.grad.abs().sum() > 0, a
     shared = ["embeddings.weight", "layers.0.mixer.in_proj", "layers.1.mixer.qkv", "layers.2.mixer.up",
@@ -108,3 +108,33 @@ def test_a_bf16_autocast_step_matches_the_float32_step(tmp_path):
         assert all(p.grad is not None and p.grad.isfinite().all() for p in params.values() if p.grad is not None)
         losses.append(float(kd))
     assert losses[1] != losses[0] and abs(losses[1] - losses[0]) <= 0.05 * losses[0]  # bf16 ran, close
+
+
+def test_one_hot_soft_hidden_width_equals_the_prefix_view(net):
+    """The hidden width: embeddings, every norm (over the kept channels) and every block's output."""
+    full = Budget.full(net.cfg)
+    sizes = torch.tensor([32, 48, 64])
+    with torch.no_grad():
+        ref = net.forward(IDS, budget=replace(full, name="cut", hidden=48))
+        got = net.forward(IDS, soft_hidden=SoftSize(sizes, torch.tensor([0.0, 1.0, 0.0])))
+        mixed = net.forward(IDS, soft_hidden=SoftSize(sizes, torch.tensor([0.0, 0.5, 0.5])))
+    assert not torch.allclose(ref, net.forward(IDS), atol=1e-3)  # the cut matters
+    torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-5)
+    assert mixed.isfinite().all() and not torch.allclose(mixed, ref, atol=1e-3)
+
+
+def test_every_axis_hard_configuration_runs_as_its_budget_view(net):
+    """A router over every axis it can size (hidden width, heads, experts, channels): each hard configuration
+    it exports is nested in the larger one, and the training-mode forward with its one-hot masks equals the
+    runtime's prefix views of that budget."""
+    torch.manual_seed(1)
+    router = Router(net.cfg, {"big": 0.8, "small": 0.45}, ROUTED_AXES)
+    big, small = router.budgets()
+    assert small.fits_in(big)
+    for b in (big, small):
+        w = router.weights_of(b)
+        assert router.soft_hidden(w) is not None
+        with torch.no_grad():
+            train_mode = net.forward(IDS, soft=router.soft_layers(w), soft_hidden=router.soft_hidden(w))
+            torch.testing.assert_close(train_mode, net.forward(IDS, budget=b), atol=2e-5, rtol=1e-5)
+        assert abs(float(router.expected_params(w)) - count_params(net.cfg, b)[0]) < 1  # exact for one-hot
