@@ -84,7 +84,7 @@ async def app_run(model, args, screenshot: Path | None = None) -> tuple[dict, fl
         reply = app.session.turn.reply
         if screenshot is not None:  # the demo's answers are short: watch closely for the first answer tokens
             await wait_until(pilot, lambda: reply.rates["answer"].tokens >= 1 or reply.status != "streaming", 0.005)
-            await pilot.press("f3")
+            app.screen.action_cycle("answer")  # F3's action, at once: a pilot key press waits for the app to idle
         await app.workers.wait_for_complete()
         await pilot.pause()
         seconds = time.perf_counter() - t0
