@@ -124,3 +124,28 @@ def test_trained_budgets_meet_their_parameter_targets_loosely(trained):
     table = read_budgets(cfg)
     full = count_params(cfg, table["full"])[0]
     assert count_params(cfg, table["small"])[0] < count_params(cfg, table["big"])[0] < full
+
+
+def test_a_run_over_every_axis_exports_what_it_trained(trained):
+    """Hidden width and expert count routed too (recipe router_axes): the exported table is the router's hard
+    choice and each budget runs as the training-mode forward with its one-hot masks did."""
+    from elastic_local.train.router import ROUTED_AXES
+
+    recipe = trained / "all-axes.toml"
+    recipe.write_text((trained / "recipe.toml").read_text() + f"router_axes = {json.dumps(list(ROUTED_AXES))}\n")
+    args = train_args(trained, "all")
+    args[args.index("--recipe") + 1] = str(recipe)
+    assert main(args) == 0
+    cfg = NemotronHConfig.from_dir(trained / "all")
+    table = read_budgets(cfg)
+    router = Router.load(trained / "all", cfg)
+    assert set(router.axes) == set(ROUTED_AXES)
+    assert router.budgets() == [table["big"].renamed("big"), table["small"].renamed("small")]
+    net = load_network(trained / "all")
+    make_trainable(net)
+    exported = elastic_local.load(trained / "all")
+    for name in ("big", "small"):
+        w = router.weights_of(table[name])
+        with torch.no_grad():
+            train_mode = net.forward(IDS, soft=router.soft_layers(w), soft_hidden=router.soft_hidden(w))
+        torch.testing.assert_close(exported.logits(IDS, budget=name), train_mode, atol=2e-5, rtol=1e-5)
