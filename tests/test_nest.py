@@ -209,3 +209,18 @@ def test_nest_slice_and_quantize_commands_write_checkpoints_that_load(tmp_path, 
     assert elastic_local.load(q).budgets == ["full", "half"]
     assert main(["slice", str(nested), str(half), "--budget", "half"]) == 2  # exists: refused without --overwrite
     assert "--overwrite" in capsys.readouterr().err
+
+
+def test_nest_given_its_importance_writes_what_scoring_writes(nested, tmp_path):
+    from elastic_local.checkpoint.load import load_network
+    from elastic_local.elastic.importance import calibration_ids, score
+    from elastic_local.model.config import NemotronHConfig
+
+    root, _ = nested
+    parent = root / "parent"
+    ids, source = calibration_ids(None, parent, NemotronHConfig.from_dir(parent).vocab_size, 16384)
+    imp = score(load_network(parent, dtype=torch.float32), ids)
+    imp.source = source
+    out = nest(parent, tmp_path / "given", FRACTIONS, importance=imp)
+    assert (out / "model.safetensors").read_bytes() == (root / "nested" / "model.safetensors").read_bytes()
+    assert json.loads((out / "config.json").read_text()) == json.loads((root / "nested" / "config.json").read_text())

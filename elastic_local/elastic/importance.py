@@ -8,8 +8,9 @@ normalised MSE of the logits when a layer is removed, iteratively (remove the le
 
 Where this departs from the paper (which scores Mamba heads on the x projection's output and FFN channels
 as |x W1| before the activation), it is because it ranked better: on the demo parent, nest with the
-paper's scores gave mid 11.9% / small 4.8% held-out accuracy against 38.1% / 10.7% with these (README,
-"Elastic training").
+paper's scores gave mid 11.9% / small 4.8% held-out accuracy against 38.1% / 10.7% with these, and with
+only Mamba heads cut (6 of 8) the paper's ranking lost twice our held-out KD (benchmarks/bench_importance.py,
+README "Elastic training").
 
 Scores come out in the *file* layout (hub head order), ready for nest.py to permute.
 """

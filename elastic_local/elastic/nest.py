@@ -87,7 +87,9 @@ def permute_scores(imp: Importance, sel: Selection) -> Importance:
 def nest(src: str | Path, out: str | Path, budgets: dict[str, float], calib: str | Path | None = None,
          axes: tuple[str, ...] | None = None, heterogeneous: bool = False, full_name: str = "full",
          device: str = "cpu", dtype: torch.dtype = torch.float32, max_tokens: int = 16384, seq_len: int = 512,
-         progress: Progress | None = None, overwrite: bool = False) -> Path:
+         progress: Progress | None = None, overwrite: bool = False, importance: Importance | None = None) -> Path:
+    """Write `src` nested: every axis in importance order and a budget per fraction. `importance`, scores
+    already measured on `src` (file layout, as `importance.score` returns them), skips the scoring."""
     src, out = Path(src), Path(out)
     check_output(out, overwrite, [src])  # before the scoring, which takes long on a real model
     cfg = NemotronHConfig.from_dir(src)
@@ -106,15 +108,18 @@ def nest(src: str | Path, out: str | Path, budgets: dict[str, float], calib: str
             raise ValueError(f"budget name {name!r} is the full model's name; pick another")
     if read_quant_config(src)[0] != "bf16":
         raise ValueError(f"{src} is quantized; nest its BF16 original, then quantize the nested file")
-    if calib is None:
+    if calib is None and importance is None:
         log.warning("no --calib file: scoring importance on a generic sample; fine for tests, "
                     "not for ranking a real model")
 
-    net = load_network(src, dtype=dtype, device=device, progress=progress)
-    ids, source = calibration_ids(calib, src, cfg.vocab_size, max_tokens)
-    imp = score(net, ids, seq_len=seq_len, depth="depth" in axes, progress=progress)
-    imp.source = source
-    del net
+    if importance is not None:
+        imp, source = importance, importance.source
+    else:
+        net = load_network(src, dtype=dtype, device=device, progress=progress)
+        ids, source = calibration_ids(calib, src, cfg.vocab_size, max_tokens)
+        imp = score(net, ids, seq_len=seq_len, depth="depth" in axes, progress=progress)
+        imp.source = source
+        del net
 
     sel = importance_orders(cfg, imp)
     nested_scores = permute_scores(imp, sel)
