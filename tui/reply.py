@@ -2,11 +2,15 @@
 
 `Reply.apply(event)` is pure bookkeeping (no UI, no IO), so the widget, the history file and the tests
 all read one account of what happened. `pump` runs on the generation worker's thread: it reads the
-engine's Stream, folds each event in, saves the reply to the history at most every `save_every`
-seconds (and at every phase change, switch and the end), and hands the events to the UI in batches, so
-a fast model is not slowed to the speed of the screen. Every batch costs the UI thread a Textual layout
-and render (~40 ms of Python on the demo's screen, measured with cProfile) that the generation thread
-waits out for the interpreter: 10 batches a second read as smooth streaming and keep that cost down.
+engine's Stream, folds each event in, and every `Pace.every` seconds (and at every phase change, switch
+and the end) saves the reply to the history and hands the events to the UI as one batch, so a fast model
+is not slowed to the speed of the screen.
+
+Why a pace, measured rather than fixed: every batch costs the UI thread a Textual layout and render (~35 ms
+of Python on the demo's 80x24 screen on the reference CPU, cProfile), and while the UI thread runs Python
+the generation thread waits for the interpreter. The screen measures its own thread's CPU time per batch
+and the pump spaces batches so that it stays near `Pace.share` of the wall time: 10 batches a second where
+rendering is cheap, fewer on a slow machine, never fewer than one a second.
 """
 
 from __future__ import annotations
@@ -114,10 +118,28 @@ class Reply:
         return r
 
 
+@dataclass
+class Pace:
+    """How often the pump hands the UI a batch. The UI thread calls `measured` with the CPU time it spent
+    since the previous batch; the pump reads `every` (a float: safe to share between the two threads)."""
+
+    share: float = 0.05  # of the wall time the UI thread may take from generation
+    fastest: float = 0.1
+    slowest: float = 1.0
+    every: float = 0.1
+
+    def measured(self, ui_cpu_s: float) -> None:
+        want = min(self.slowest, max(self.fastest, ui_cpu_s / self.share))
+        # slower at once (a short reply has few batches to learn from), faster gradually (one cheap
+        # frame does not bring the cost back)
+        self.every = want if want > self.every else 0.5 * (self.every + want)
+
+
 def pump(events: Iterable[Event], reply: Reply, save: Callable[[Reply], None],
-         post: Callable[[list[Event]], None], save_every: float = 0.1) -> None:
+         post: Callable[[list[Event]], None], pace: Pace | None = None) -> None:
     """Fold `events` into `reply`, saving and posting in batches (module docstring). An exception from the
     engine marks the reply "error" (saved) and is re-raised."""
+    pace = pace or Pace()
     batch: list[Event] = []
     last = time.monotonic()
     try:
@@ -126,7 +148,7 @@ def pump(events: Iterable[Event], reply: Reply, save: Callable[[Reply], None],
             reply.apply(ev)
             batch.append(ev)
             now = time.monotonic()
-            if now - last >= save_every or phase != reply.phase or not isinstance(ev, Token):
+            if now - last >= pace.every or phase != reply.phase or not isinstance(ev, Token):
                 save(reply)
                 post(batch)
                 batch, last = [], now

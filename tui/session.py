@@ -22,10 +22,11 @@ from .store import Conversation, Store
 class Turn:
     """A reply being generated: the engine's stream, the reply's account and its row in the history."""
 
-    stream: Stream
     reply: Reply
     message_id: int
     prompt: str
+    stream: Stream | None = None  # None until `ChatSession.begin`
+    cancelled: bool = False  # Esc before it began
 
 
 class ChatSession:
@@ -54,8 +55,10 @@ class ChatSession:
         """Run `phase` on budget `name`: from the next token if a reply is streaming, and for later turns."""
         self.model.budget(name)
         self.budgets[phase] = name
-        if self.streaming:
+        if self.streaming and self.turn.stream is not None:
             self.turn.stream.switch(**{phase: name})
+        elif self.streaming:  # saved, not begun: it starts on this budget
+            setattr(self.turn.reply, f"{phase}_budget", name)
 
     def cycle_budget(self, phase: str) -> str:
         """The next budget for `phase`, smaller first, wrapping from the smallest to the largest."""
@@ -76,9 +79,10 @@ class ChatSession:
         return out
 
     def start(self, conversation_id: int, text: str, context: int | None = None) -> Turn:
-        """Save the user's message and an empty reply, and start generating it (on the engine's thread).
-        A conversation that no longer fits the model's context (or the planned `context`) is a ValueError,
-        raised before anything is saved."""
+        """Save the user's message and an empty reply; `begin` starts generating it. (The screen draws the
+        new messages in between, so that layout does not compete with the first tokens for the
+        interpreter.) A conversation that no longer fits the model's context (or the planned `context`)
+        is a ValueError, raised before anything is saved."""
         if self.streaming:
             raise RuntimeError("a reply is still streaming; press Esc to stop it first")
         conversation = self.store.conversation(conversation_id)
@@ -94,11 +98,23 @@ class ChatSession:
         if not conversation.messages and conversation.title == "New chat":
             self.store.rename(conversation_id, title_of(text))
         mid = self.store.add(conversation_id, "assistant", "", status="streaming", meta=reply.meta())
-        stream = self.chat.stream(text, think=self.thinking, think_budget=reply.think_budget,
-                                  answer_budget=reply.answer_budget, max_think_tokens=self.max_think_tokens,
-                                  max_answer_tokens=self.max_answer_tokens)
-        self.turn = Turn(stream, reply, mid, text)
+        self.turn = Turn(reply, mid, text)
         return self.turn
+
+    def begin(self, turn: Turn) -> Stream:
+        """Start generating `turn`'s reply on the engine's thread (the chat's caches reused)."""
+        r = turn.reply
+        try:
+            turn.stream = self.chat.stream(turn.prompt, think=r.thinking, think_budget=r.think_budget,
+                                           answer_budget=r.answer_budget, max_think_tokens=self.max_think_tokens,
+                                           max_answer_tokens=self.max_answer_tokens)
+        except Exception as e:  # the history says so too, as for a failure mid-reply
+            r.status, r.error = "error", f"{type(e).__name__}: {e}"
+            self.save(r)
+            raise
+        if turn.cancelled:
+            turn.stream.cancel()
+        return turn.stream
 
     def save(self, reply: Reply) -> None:
         """Write the streaming reply to the history (called from the generation thread)."""
@@ -108,7 +124,9 @@ class ChatSession:
         """Stop the streaming reply before its next token; False when nothing streams."""
         if not self.streaming:
             return False
-        self.turn.stream.cancel()
+        self.turn.cancelled = True
+        if self.turn.stream is not None:
+            self.turn.stream.cancel()
         return True
 
 

@@ -9,6 +9,7 @@ answer while a reply streams, and Esc (Stream.cancel) stops it before its next t
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from textual import on, work
@@ -25,7 +26,7 @@ from elastic_local.engine.events import Event
 
 from ..commands import Command, CommandError, parse
 from ..export import export
-from ..reply import Reply, pump
+from ..reply import Pace, Reply, pump
 from ..session import ChatSession, Turn
 from ..store import Store
 from ..widgets.conversation import ConversationView
@@ -65,6 +66,8 @@ class ChatScreen(Screen):
         self.conversation_id: int | None = None
         self.turn: Turn | None = None
         self.reply: Reply | None = None  # the reply the status bar is about: the streaming or the last one
+        self.pace = Pace()  # how often the generation worker posts a batch (tui/reply.py)
+        self._ui_cpu: float | None = None
 
     def compose(self) -> ComposeResult:
         with Horizontal():
@@ -130,16 +133,23 @@ class ChatScreen(Screen):
             self.notify(str(e), severity="error")
             return
         self.reply = self.turn.reply
+        self._ui_cpu = None
         message = await self.query_one(ConversationView).add_turn(text, self.turn.reply)
-        self.generate(self.turn, message)
         await self.refresh_sidebar()
         self.refresh_status()
+        self.call_after_refresh(self.generate, self.turn, message)  # once the new messages are drawn
 
     @work(thread=True, exclusive=True, group="generate")
     def generate(self, turn: Turn, message: AssistantMessage) -> None:
-        pump(turn.stream, turn.reply, self.session.save, lambda batch: self.post_message(ReplyEvents(message, batch)))
+        self.session.begin(turn)
+        pump(turn.stream, turn.reply, self.session.save, lambda batch: self.post_message(ReplyEvents(message, batch)),
+             self.pace)
 
     async def on_reply_events(self, event: ReplyEvents) -> None:
+        cpu = time.thread_time()  # this (the UI) thread's CPU time: what it took since the last batch
+        if self._ui_cpu is not None:
+            self.pace.measured(cpu - self._ui_cpu)
+        self._ui_cpu = cpu
         if event.message.is_attached:
             await event.message.feed(event.events)
         self.refresh_status()

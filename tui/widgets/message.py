@@ -151,8 +151,8 @@ class AssistantMessage(Vertical):
 
 
 def _merge_tokens(events: list[Event]) -> list[Event]:
-    """Consecutive tokens of one phase as one: the widgets update once per batch (the pump posts one every
-    100 ms), not once per token, so the UI thread takes the interpreter from the generation thread less."""
+    """Consecutive tokens of one phase as one: the widgets update once per batch (tui/reply.py's pace), not
+    once per token, so the UI thread takes the interpreter from the generation thread less."""
     out: list[Event] = []
     for ev in events:
         last = out[-1] if out else None

@@ -1,0 +1,53 @@
+"""The chat session's turn lifecycle (saved, then begun once the screen has drawn it) and the pace at which
+the generation worker hands the UI its batches."""
+
+from __future__ import annotations
+
+from elastic_local.tui.reply import Pace, pump
+from elastic_local.tui.session import ChatSession
+from elastic_local.tui.store import Store
+from tui_util import QUESTION
+
+
+def run(session: ChatSession, turn) -> list:
+    posted: list = []
+    session.begin(turn)
+    pump(turn.stream, turn.reply, session.save, posted.append)
+    return posted
+
+
+def test_escape_before_the_reply_begins_stops_it_and_keeps_the_message(model):
+    store = Store()
+    session = ChatSession(model, store, max_think_tokens=64, max_answer_tokens=32)
+    cid = store.new_conversation()
+    turn = session.start(cid, QUESTION)
+    assert session.cancel() and turn.stream is None
+    run(session, turn)
+    assert turn.reply.status == "stopped" and not session.streaming
+    saved = store.conversation(cid).messages
+    assert [m.role for m in saved] == ["user", "assistant"] and saved[0].content == QUESTION
+    assert saved[1].status == "stopped"
+
+
+def test_a_budget_switched_before_the_reply_begins_is_where_it_starts(model):
+    store = Store()
+    session = ChatSession(model, store, max_think_tokens=16, max_answer_tokens=16)
+    turn = session.start(store.new_conversation(), QUESTION)
+    small = model.budgets[-1]
+    session.set_budget("answer", small)
+    run(session, turn)
+    assert turn.reply.answer_budget == small and turn.reply.marks == []  # no switch: it never ran on another
+    assert turn.stream.result.stats.answer_budgets == [small]
+
+
+def test_the_pace_keeps_the_ui_share_of_the_time_within_bounds():
+    pace = Pace(share=0.05, fastest=0.1, slowest=1.0)
+    assert pace.every == 0.1
+    pace.measured(0.002)  # cheap frames: as often as allowed
+    assert pace.every == 0.1
+    pace.measured(0.030)  # 30 ms of UI work per batch: a batch every 0.6 s keeps it at 5%, at once
+    assert abs(pace.every - 0.6) < 1e-9
+    pace.measured(0.2)  # never less than a batch a second
+    assert pace.every == 1.0
+    pace.measured(0.0)  # cheap again: faster by halves, not in one step
+    assert abs(pace.every - 0.55) < 1e-9
