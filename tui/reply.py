@@ -2,15 +2,15 @@
 
 `Reply.apply(event)` is pure bookkeeping (no UI, no IO), so the widget, the history file and the tests
 all read one account of what happened. `pump` runs on the generation worker's thread: it reads the
-engine's Stream, folds each event in, and every `Pace.every` seconds (and at every phase change, switch
-and the end) saves the reply to the history and hands the events to the UI as one batch, so a fast model
-is not slowed to the speed of the screen.
+engine's Stream, folds each event in, and every `Pace.every` seconds (and at once for a switch or the
+end) saves the reply to the history and hands the events to the UI as one batch, so a fast model is not
+slowed to the speed of the screen.
 
 Why a pace, measured rather than fixed: every batch costs the UI thread a Textual layout and render (~35 ms
 of Python on the demo's 80x24 screen on the reference CPU, cProfile), and while the UI thread runs Python
 the generation thread waits for the interpreter. The screen measures its own thread's CPU time per batch
 and the pump spaces batches so that it stays near `Pace.share` of the wall time: 10 batches a second where
-rendering is cheap, fewer on a slow machine, never fewer than one a second.
+rendering is cheap, fewer on a slow machine, never fewer than two a second.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ class Pace:
 
     share: float = 0.05  # of the wall time the UI thread may take from generation
     fastest: float = 0.1
-    slowest: float = 1.0
+    slowest: float = 0.5  # text still arrives twice a second on a slow machine
     every: float = 0.1
 
     def measured(self, ui_cpu_s: float) -> None:
@@ -133,6 +133,12 @@ class Pace:
         # slower at once (a short reply has few batches to learn from), faster gradually (one cheap
         # frame does not bring the cost back)
         self.every = want if want > self.every else 0.5 * (self.every + want)
+
+
+def urgent(ev: Event) -> bool:
+    """Shown at once, not at the pace: what a person did (a switch, with what its catch-up cost) and the end.
+    The prompt's prefill and the answer's first tokens wait for the next batch like any token."""
+    return isinstance(ev, (Switch, Done)) or (isinstance(ev, CatchUp) and not ev.prefill)
 
 
 def pump(events: Iterable[Event], reply: Reply, save: Callable[[Reply], None],
@@ -144,11 +150,10 @@ def pump(events: Iterable[Event], reply: Reply, save: Callable[[Reply], None],
     last = time.monotonic()
     try:
         for ev in events:
-            phase = reply.phase
             reply.apply(ev)
             batch.append(ev)
             now = time.monotonic()
-            if now - last >= pace.every or phase != reply.phase or not isinstance(ev, Token):
+            if now - last >= pace.every or urgent(ev):
                 save(reply)
                 post(batch)
                 batch, last = [], now

@@ -41,7 +41,7 @@ def test_a_budget_switched_before_the_reply_begins_is_where_it_starts(model):
 
 
 def test_the_pace_keeps_the_ui_share_of_the_time_within_bounds():
-    pace = Pace(share=0.05, fastest=0.1, slowest=1.0)
+    pace = Pace(share=0.05, fastest=0.1, slowest=1.0)  # the defaults but a slower floor, to see it hold
     assert pace.every == 0.1
     pace.measured(0.002)  # cheap frames: as often as allowed
     assert pace.every == 0.1

@@ -133,11 +133,22 @@ class ChatScreen(Screen):
             self.notify(str(e), severity="error")
             return
         self.reply = self.turn.reply
-        self._ui_cpu = None
         message = await self.query_one(ConversationView).add_turn(text, self.turn.reply)
         await self.refresh_sidebar()
         self.refresh_status()
-        self.call_after_refresh(self.generate, self.turn, message)  # once the new messages are drawn
+        self.call_after_refresh(self.begin, self.turn, message)
+
+    def begin(self, turn: Turn, message: AssistantMessage) -> None:
+        """The new messages are drawn: start generating (the pace measures from here)."""
+        self._ui_cpu = time.thread_time()
+        self.generate(turn, message)
+
+    def ui_time(self) -> None:
+        """Tell the pace this (the UI) thread's CPU time since the last call."""
+        cpu = time.thread_time()
+        if self._ui_cpu is not None:
+            self.pace.measured(cpu - self._ui_cpu)
+        self._ui_cpu = cpu
 
     @work(thread=True, exclusive=True, group="generate")
     def generate(self, turn: Turn, message: AssistantMessage) -> None:
@@ -146,10 +157,7 @@ class ChatScreen(Screen):
              self.pace)
 
     async def on_reply_events(self, event: ReplyEvents) -> None:
-        cpu = time.thread_time()  # this (the UI) thread's CPU time: what it took since the last batch
-        if self._ui_cpu is not None:
-            self.pace.measured(cpu - self._ui_cpu)
-        self._ui_cpu = cpu
+        self.ui_time()
         if event.message.is_attached:
             await event.message.feed(event.events)
         self.refresh_status()
