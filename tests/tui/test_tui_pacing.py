@@ -3,7 +3,8 @@ the generation worker hands the UI its batches."""
 
 from __future__ import annotations
 
-from elastic_local.tui.reply import Pace, pump
+from elastic_local.engine.events import CatchUp, Switch, Token
+from elastic_local.tui.reply import Pace, Reply, pump
 from elastic_local.tui.session import ChatSession
 from elastic_local.tui.store import Store
 from tui_util import QUESTION
@@ -51,3 +52,17 @@ def test_the_pace_keeps_the_ui_share_of_the_time_within_bounds():
     assert pace.every == 1.0
     pace.measured(0.0)  # cheap again: faster by halves, not in one step
     assert abs(pace.every - 0.55) < 1e-9
+
+
+def test_only_a_switch_and_its_catch_up_are_posted_ahead_of_the_pace():
+    def tok(text: str, phase: str) -> Token:
+        return Token(0, 1, text, phase, "full", False, 0.0)
+
+    prefill = CatchUp(0, "full", 20, 0.01, prefill=True, transplanted=False, t=0.0)
+    events = [prefill, tok("a", "think"), tok("b", "think"), tok("c", "answer"), Switch("answer", "mid", 0.0),
+              CatchUp(0, "mid", 3, 0.01, prefill=False, transplanted=False, t=0.0), tok("d", "answer")]
+    posted, saved = [], []
+    reply = Reply("full", "full", True)
+    pump(events, reply, lambda r: saved.append(r.answer), posted.append, Pace(every=100.0))
+    assert posted == [events[:5], events[5:6], events[6:]]  # the phase change and the prefill wait
+    assert saved == ["c", "c", "cd"] and reply.status == "stopped"  # no Done: the stream ended early
