@@ -3,11 +3,12 @@ the generation worker hands the UI its batches."""
 
 from __future__ import annotations
 
-from elastic_local.engine.events import CatchUp, Switch, Token
 from elastic_local.tui.reply import Pace, Reply, pump
 from elastic_local.tui.session import ChatSession
 from elastic_local.tui.store import Store
 from tui_util import QUESTION
+
+from elastic_local.engine.events import CatchUp, Switch, Token
 
 
 def run(session: ChatSession, turn) -> list:
