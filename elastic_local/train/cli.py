@@ -12,6 +12,8 @@ from ..cli import _budgets, add_offline_device, offline_device
 # teacher and student in float32, the student's gradients, Adam's two moments
 TRAIN_BYTES_PER_PARAM = 4 + 4 + 4 + 8
 TRAIN_HOLDS = "teacher, student, gradients and Adam state (20 bytes per parameter)"
+# --dtype: the forwards' compute dtype, as the recipe's `autocast` names it (weights stay float32 masters)
+AUTOCAST_OF_DTYPE = {"auto": "auto", "bfloat16": "bf16", "float32": "off"}
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -24,7 +26,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .recipe import Recipe
 
     recipe = Recipe.load(args.recipe, steps=args.steps, seq_len=args.seq_len, seed=args.seed,
-                         batch_size=args.batch_size)
+                         batch_size=args.batch_size,
+                         autocast=AUTOCAST_OF_DTYPE[args.dtype] if args.dtype else None)
     out = train(args.src, args.out, args.data, _budgets(args.budget), recipe, qad=args.qad,
                 full_name=args.full_name, overwrite=args.overwrite,
                 device=offline_device(args.device, args.src, TRAIN_BYTES_PER_PARAM, TRAIN_HOLDS))
@@ -68,6 +71,9 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, help="seed of data order, budgets, Gumbel noise and router init")
     p.add_argument("--full-name", default="full", help="name of the full budget (default: full)")
     add_offline_device(p, "training runs", TRAIN_HOLDS)
+    p.add_argument("--dtype", choices=tuple(AUTOCAST_OF_DTYPE),
+                   help="the forwards' compute dtype; float32 master weights either way (recipe autocast, "
+                        "default auto: bfloat16 autocast on a GPU, float32 on the CPU)")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     p.set_defaults(func=cmd_train)
 

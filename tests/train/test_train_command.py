@@ -149,3 +149,30 @@ def test_a_run_over_every_axis_exports_what_it_trained(trained):
         with torch.no_grad():
             train_mode = net.forward(IDS, soft=router.soft_layers(w), soft_hidden=router.soft_hidden(w))
         torch.testing.assert_close(exported.logits(IDS, budget=name), train_mode, atol=2e-5, rtol=1e-5)
+
+
+def test_dtype_sets_the_recipes_autocast_and_bfloat16_runs_the_forwards_in_it(trained, monkeypatch):
+    """--dtype bfloat16 on the CPU: the job records autocast bf16 and the loop's forwards run under an enabled
+    bf16 autocast (float32 master weights); float32 turns it off; no flag leaves the recipe's (auto)."""
+    import elastic_local.train.loop as loop
+    from elastic_local.train.cli import AUTOCAST_OF_DTYPE
+
+    entered = []
+    real = torch.autocast
+
+    def recording(device_type, dtype=None, enabled=True, **kw):
+        entered.append((device_type, dtype, enabled))
+        return real(device_type, dtype, enabled=enabled, **kw)
+
+    monkeypatch.setattr(torch, "autocast", recording)
+    assert main(train_args(trained, "bf16", 1, "--dtype", "bfloat16")) == 0
+    assert json.loads((trained / "bf16.train" / "job.json").read_text())["recipe"]["autocast"] == "bf16"
+    assert ("cpu", torch.bfloat16, True) in entered
+    assert elastic_local.load(trained / "bf16").budgets == ["full", "big", "small"]
+
+    seen = {}
+    monkeypatch.setattr(loop, "train", lambda src, out, data, budgets, r, **_: seen.update(autocast=r.autocast))
+    for flag, want in (("float32", "off"), ("auto", "auto"), (None, "auto")):
+        seen.clear()
+        assert main(train_args(trained, f"parse-{flag}", 1, *(("--dtype", flag) if flag else ()))) == 0
+        assert seen["autocast"] == want == (AUTOCAST_OF_DTYPE[flag] if flag else "auto")
