@@ -8,6 +8,7 @@ import torch
 from elastic_local.tui.app import ElasticChat, main
 from elastic_local.tui.screens.chat import ChatScreen
 from elastic_local.tui.start import Options, model_dir, parser, plan
+from elastic_local.tui.widgets.prompt import PromptInput
 from tui_util import wait_until
 
 
@@ -40,5 +41,8 @@ def test_cpu_plans_for_this_machines_ram(monkeypatch):
 async def test_the_loading_screen_opens_the_chat_on_the_cpu_by_default():
     app = ElasticChat(Options(model_dir(None)))
     async with app.run_test(size=(80, 24)) as pilot:
-        await wait_until(pilot, lambda: isinstance(app.screen, ChatScreen), timeout=120)
+        # ready: the chat screen mounted and its input focused (leaving earlier tears the app down while the
+        # screen's on_mount still queries its widgets)
+        await wait_until(pilot, lambda: isinstance(app.screen, ChatScreen) and isinstance(app.focused, PromptInput),
+                         timeout=120)
         assert app.model.device.type == "cpu"
