@@ -79,8 +79,11 @@ async def app_run(model, args, screenshot: Path | None = None) -> tuple[dict, fl
         prompt = app.screen.query_one(PromptInput)
         prompt.text = PROMPT
         t0 = time.perf_counter()
-        await pilot.press("enter")
-        await wait_until(pilot, lambda: app.session.turn is not None)
+        if screenshot is None:
+            await pilot.press("enter")
+        else:  # Enter's action without the pilot's wait for an idle app (which is the whole reply)
+            prompt.action_submit()
+        await wait_until(pilot, lambda: app.session.turn is not None, 0.005)
         reply = app.session.turn.reply
         if screenshot is not None:  # the demo's answers are short: watch closely for the first answer tokens
             await wait_until(pilot, lambda: reply.rates["answer"].tokens >= 1 or reply.status != "streaming", 0.005)
