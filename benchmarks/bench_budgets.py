@@ -1,6 +1,7 @@
 """Do smaller budgets decode faster in proportion to the bytes they read? Both CPU weight layouts side by side.
 
     .venv/bin/python benchmarks/bench_budgets.py [--models demo,gen] [--reps 5] [--new-tokens 48] [--threads 1]
+                                                 [--compile]
 
 Models: the embedded demo model (5.6M parameters, budgets full / mid / small) and bench_generate.py's
 ~136M random nested model (full / mid / small at 60% and 35% of the parameters; built once under
@@ -8,6 +9,8 @@ benchmarks/_work/gen/). Each is loaded twice in float32: with the CPU inference 
 weights kept [in, out], the default) and with `ELASTIC_LOCAL_CPU_LAYOUT=rows` ([out, in], as stored).
 Batch-1 greedy decode of --new-tokens tokens after a 32-token prompt, eos ignored, through
 `m.generate`; runs interleaved (rep, budget, layout) because the machine is shared and noisy; medians.
+`--compile` adds a third load, the [in, out] layout with the decode step compiled (`load(compile=True)`),
+each budget compiled in the warm-up.
 
 Columns: `read/token` is the weight bytes a decoded token reads (active parameters: the routed experts it
 uses, not the embedding table); `speed-up` is tok/s against the same layout's full budget; `efficiency`
@@ -29,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 LAYOUTS = ("rows", "transposed")
+HEADS = {"rows": "[out,in]", "transposed": "[in,out]", "compiled": "compiled"}
 
 
 def load(path: Path | None, layout: str):
@@ -37,7 +41,7 @@ def load(path: Path | None, layout: str):
 
     os.environ[LAYOUT_ENV] = "rows" if layout == "rows" else "transposed"
     try:
-        return elastic_local.load(path, dtype=torch.float32)
+        return elastic_local.load(path, dtype=torch.float32, compile=layout == "compiled")
     finally:
         del os.environ[LAYOUT_ENV]
 
@@ -57,17 +61,18 @@ def decode_tok_s(m, budget: str, new_tokens: int) -> float:
 
 
 def bench(name: str, path: Path | None, args) -> dict:
-    models = {layout: load(path, layout) for layout in LAYOUTS}
+    layouts = LAYOUTS + (("compiled",) if args.compile else ())
+    models = {layout: load(path, layout) for layout in layouts}
     budgets = models["rows"].budgets
     ref = torch.tensor([list(range(20, 52))])
     diff = (models["transposed"].logits(ref) - models["rows"].logits(ref)).abs().max().item()
     for m in models.values():  # warm-up
         for b in budgets:
             decode_tok_s(m, b, 4)
-    runs = {(layout, b): [] for layout in LAYOUTS for b in budgets}
+    runs = {(layout, b): [] for layout in layouts for b in budgets}
     for _ in range(args.reps):
         for b in budgets:
-            for layout in LAYOUTS:
+            for layout in layouts:
                 runs[layout, b].append(decode_tok_s(models[layout], b, args.new_tokens))
     full = budgets[0]
     rows = []
@@ -75,13 +80,15 @@ def bench(name: str, path: Path | None, args) -> dict:
         nbytes = read_bytes(models["rows"], b)
         ideal = read_bytes(models["rows"], full) / nbytes
         row = {"model": name, "budget": b, "read_bytes": nbytes, "ideal_speedup": ideal}
-        for layout in LAYOUTS:
+        for layout in layouts:
             tok_s = median(runs[layout, b])
             speedup = tok_s / median(runs[layout, full])
             row[layout] = {"tok_s": tok_s, "speedup": speedup, "efficiency": speedup / ideal}
         row["transposed_over_rows"] = row["transposed"]["tok_s"] / row["rows"]["tok_s"]
+        if "compiled" in layouts:
+            row["compiled_over_transposed"] = row["compiled"]["tok_s"] / row["transposed"]["tok_s"]
         rows.append(row)
-    return {"rows": rows, "max_logit_diff": diff}
+    return {"rows": rows, "max_logit_diff": diff, "layouts": layouts}
 
 
 def main() -> None:
@@ -90,6 +97,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--compile", action="store_true", help="also the [in, out] layout with a compiled decode step")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     results = {}
@@ -106,15 +114,16 @@ def main() -> None:
 
     print(f"\ndecode tok/s, batch 1, float32, {args.threads} thread(s), median of {args.reps}; "
           "speed-up vs the full budget (efficiency = speed-up / bytes ratio)")
-    print(f"{'model':6} {'budget':7} {'read/token':>10} {'ideal':>6} | {'[out,in] tok/s':>14} {'speed-up':>8} "
-          f"{'eff.':>5} | {'[in,out] tok/s':>14} {'speed-up':>8} {'eff.':>5} | {'[in,out]/[out,in]':>17}")
     for name, res in results.items():
+        layouts = res["layouts"]
+        print(f"{'model':6} {'budget':7} {'read/token':>10} {'ideal':>6} | "
+              + " | ".join(f"{HEADS[v] + ' tok/s':>14} {'speed-up':>8} {'eff.':>5}" for v in layouts)
+              + f" | {'[in,out]/[out,in]':>17}" + (f" | {'compiled/[in,out]':>17}" if "compiled" in layouts else ""))
         for r in res["rows"]:
-            a, t = r["rows"], r["transposed"]
+            cells = [f"{r[v]['tok_s']:14.1f} {r[v]['speedup']:7.2f}x {r[v]['efficiency']:5.2f}" for v in layouts]
             print(f"{name:6} {r['budget']:7} {r['read_bytes'] / 2**20:8.1f}MB {r['ideal_speedup']:5.2f}x | "
-                  f"{a['tok_s']:14.1f} {a['speedup']:7.2f}x {a['efficiency']:5.2f} | "
-                  f"{t['tok_s']:14.1f} {t['speedup']:7.2f}x {t['efficiency']:5.2f} | "
-                  f"{r['transposed_over_rows']:16.2f}x")
+                  + " | ".join(cells) + f" | {r['transposed_over_rows']:16.2f}x"
+                  + (f" | {r['compiled_over_transposed']:16.2f}x" if "compiled" in layouts else ""))
         print(f"{name:6} max |logit difference| between the layouts: {res['max_logit_diff']:.2e}")
     print(json.dumps({"args": vars(args), "results": results}))
 

@@ -33,6 +33,7 @@ The last line of output is one JSON object with every number in the table.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -174,10 +175,15 @@ class Skip(Exception):
 class OursEngine:
     name = "ours"
 
-    def __init__(self, ckpt: Path) -> None:
+    def __init__(self, ckpt: Path, compile: bool = False) -> None:
         import elastic_local
 
-        self.model = elastic_local.load(str(ckpt), device="cpu", dtype=torch.float32)
+        self.model = elastic_local.load(str(ckpt), device="cpu", dtype=torch.float32, compile=compile)
+        self.note = ""
+        if compile:  # the one-time cost: tracing and compiling the decode step (a short run, then timed ones)
+            t0 = time.perf_counter()
+            self.run(torch.tensor([[3, 4, 5, 6]]), 3)
+            self.note = f"compiled in {time.perf_counter() - t0:.1f} s (cold)"
 
     @torch.inference_mode()
     def run(self, prompt_ids: torch.Tensor, n_new: int) -> Timing:
@@ -266,6 +272,7 @@ class LlamaCppEngine:
 
 ENGINES: dict[str, Callable[..., object]] = {
     "ours": lambda ckpt, n_ctx, threads: OursEngine(ckpt),
+    "ours-compiled": lambda ckpt, n_ctx, threads: OursEngine(ckpt, compile=True),
     "transformers-loop": lambda ckpt, n_ctx, threads: TransformersLoopEngine(ckpt),
     "transformers": lambda ckpt, n_ctx, threads: TransformersEngine(ckpt),
     "llama.cpp": LlamaCppEngine,
@@ -331,6 +338,7 @@ def bench_config(name: str, args: argparse.Namespace) -> tuple[list[Result], Par
     for e in args.engines:
         try:
             engines[e] = ENGINES[e](ckpt, n_ctx, args.threads)
+            results[e].note = getattr(engines[e], "note", "")
             t0 = time.perf_counter()
             engines[e].run(prompt, args.new_tokens)  # warm-up, full length
             slowest = max(slowest, time.perf_counter() - t0)
@@ -409,11 +417,12 @@ def print_table(results: list[Result], counts: dict[str, ParamCount], args: argp
     print()
     for name in dict.fromkeys(r.config for r in results):
         by = {r.engine: r for r in results if r.config == name}
-        for other, what in COMPARISONS.items():
-            if by.get("ours") and by.get(other) and by["ours"].decode_tok_s and by[other].decode_tok_s:
-                pre = ratio(by["ours"], by[other], "prefill_tok_s")
-                dec = ratio(by["ours"], by[other], "decode_tok_s")
-                print(f"{name:<7}ours / {other:<18} prefill x{fmt(pre, '.2f')}   decode x{fmt(dec, '.2f')}   ({what})")
+        for mine, (other, what) in itertools.product(("ours", "ours-compiled"), COMPARISONS.items()):
+            if by.get(mine) and by.get(other) and by[mine].decode_tok_s and by[other].decode_tok_s:
+                pre = ratio(by[mine], by[other], "prefill_tok_s")
+                dec = ratio(by[mine], by[other], "decode_tok_s")
+                print(f"{name:<7}{mine} / {other:<18} prefill x{fmt(pre, '.2f')}   decode x{fmt(dec, '.2f')}"
+                      f"   ({what})")
 
 
 def bandwidth_report(results: list[Result], count: ParamCount, copy_samples: list[float]) -> dict:

@@ -22,14 +22,16 @@ LAYOUT_ENV = "ELASTIC_LOCAL_CPU_LAYOUT"  # "rows": keep CPU weights [out, in] (m
 
 def load(path: str | Path | None = None, budget: str | None = None, precision: str | None = None,
          device: str = "cpu", dtype: torch.dtype | None = None, progress: Progress | None = None,
-         keep: tuple[str, ...] = ()) -> ElasticModel:
+         keep: tuple[str, ...] = (), compile: bool = False) -> ElasticModel:
     """Load a Nemotron-H (or nested elastic) checkpoint directory; without a path, the embedded demo model.
     `budget` makes only that budget resident and reads only its slices from disk; every budget up to it
     then runs as views. "auto" for
     `budget` and/or `precision` asks the fit planner what this machine holds. `dtype` (compute and
     high-precision weights) defaults to bfloat16 on CUDA and with "auto", float32 otherwise.
     `precision`: None keeps what the file stores; "fp8" / "nvfp4" from a BF16 file quantize while loading
-    (`keep`: module patterns left in high precision); "bf16" from a quantized file dequantizes."""
+    (`keep`: module patterns left in high precision); "bf16" from a quantized file dequantizes.
+    `compile`: one-token decode steps run through torch.compile, one graph per budget compiled on its first
+    step (`NemotronH.compile_decode`; seconds to a minute once per budget and process, then faster)."""
     path = Path(path) if path is not None else default_model()
     tokenizer = Tokenizer.from_dir(path) if (path / "config.json").is_file() else None
     if tokenizer is not None and tokenizer.chat_template is not None:  # broken: an error now, not at a prompt
@@ -55,4 +57,6 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
                        progress=progress, precision=precision, keep=keep)
     if torch.device(device).type == "cpu" and dtype == torch.float32 and os.environ.get(LAYOUT_ENV) != "rows":
         net.transpose_weights()  # float32 only: in bf16 `x @ t` is the slower path (linear.Transposed)
+    if compile:
+        net.compile_decode()
     return ElasticModel(net, {k: b for k, b in budgets.items() if b.fits_in(resident)}, path, tokenizer)

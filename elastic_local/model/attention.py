@@ -39,9 +39,11 @@ class KVCache:
 
 
 def attention(x: torch.Tensor, w: AttentionWeights, heads: int, cfg, kv: KVCache | None, start: int = 0,
-              lengths: torch.Tensor | None = None, soft: SoftSize | None = None) -> torch.Tensor:
+              lengths: torch.Tensor | None = None, soft: SoftSize | None = None, static: bool = False) -> torch.Tensor:
     """Attention over the active `heads` query heads. With a cache, every row has `start` tokens cached,
-    or, for one-token decode steps of rows at different positions, `lengths[b]` tokens."""
+    or, for one-token decode steps of rows at different positions, `lengths[b]` tokens. `static` (the
+    compiled decode step): attend over the cache's whole capacity with a mask, so no shape depends on the
+    positions (the caller has grown the cache)."""
     bsz, T, d = x.shape
     hd, KV = cfg.head_dim, cfg.num_key_value_heads
     hq_res = w.q_heads(hd, KV)
@@ -68,8 +70,11 @@ def attention(x: torch.Tensor, w: AttentionWeights, heads: int, cfg, kv: KVCache
         else:
             if T != 1:
                 raise ValueError("rows at different positions can only decode one token at a time")
-            end = int(lengths.max()) + 1
-            kv.grow(end)
+            if static:
+                end = kv.k.shape[2]
+            else:
+                end = int(lengths.max()) + 1
+                kv.grow(end)
             rows = torch.arange(bsz, device=x.device)
             kv.k[rows, :, lengths] = k[:, :, 0]
             kv.v[rows, :, lengths] = v[:, :, 0]

@@ -55,8 +55,10 @@ ONEDNN_MAX_ROWS = 16
 
 def linear(x: torch.Tensor, w) -> torch.Tensor:
     if isinstance(w, torch.Tensor):
-        # oneDNN's op has no backward: weights being trained take F.linear
-        if (w.device.type == "cpu" and not w.requires_grad and w.is_contiguous() and x.dtype == w.dtype
+        # oneDNN's op has no backward: weights being trained take F.linear; a compiled step leaves the
+        # choice of matmul to inductor (tracing the probe would run it inside every step)
+        if (w.device.type == "cpu" and not w.requires_grad and not torch.compiler.is_compiling()
+                and w.is_contiguous() and x.dtype == w.dtype
                 and w.dtype in (torch.float32, torch.bfloat16) and x.numel() <= ONEDNN_MAX_ROWS * x.shape[-1]
                 and (onednn := _onednn_linear(w.dtype)) is not None):
             return onednn(x, w, None, "none", [], "")

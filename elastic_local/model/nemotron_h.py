@@ -7,12 +7,14 @@ fits inside it by slicing prefixes of those weights (see budget.py); nothing is 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from .attention import AttentionWeights, KVCache, attention
 from .budget import Budget
@@ -31,6 +33,8 @@ class Layer:
     kind: str  # block letter
     norm: torch.Tensor  # [D]
     mixer: MambaWeights | AttentionWeights | MoEWeights | MLPWeights | None  # None: not resident (layer off)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -85,6 +89,44 @@ class NemotronH:
         # observer(layer, what, tensor): sees each block's normed input ("input") and each Mamba layer's
         # per-head output before out_proj ("mamba_y"); importance scoring uses it, inference leaves it None
         self.observer: Observer | None = None
+        self.compiled: dict[Budget, Callable | None] | None = None  # see compile_decode; None: runs eagerly
+
+    def compile_decode(self) -> None:
+        """Run one-token decode steps (inference, no observer) through `torch.compile`, one graph per budget,
+        compiled on that budget's first step. Why: a decode step of a small model is a few thousand small
+        ops whose Python and dispatch cost outweighs reading the weights (measured, README "Compiled
+        decode"). The step is the same layer code, with attention over the cache's whole capacity under
+        a position mask so that no shape depends on the position. Float weights only: packed FP8 / NVFP4
+        weights pick their expert blocks in Python, which the tracer cannot follow; those run eagerly."""
+        plain = (torch.Tensor, Transposed, int, float, type(None))
+        if any(not isinstance(w, plain) for layer in self.layers for w in vars(layer.mixer).values()):
+            log.warning("the compiled decode step covers float weights; these quantized ones decode eagerly")
+            return
+        self.compiled = {}
+
+    def _compiled_step(self, ids: torch.Tensor, b: Budget, cache: HybridCache) -> torch.Tensor:
+        for s in cache.layers:
+            if isinstance(s, KVCache):
+                s.grow(max(cache.lengths) + 1)  # a new capacity recompiles once, then the dimension is dynamic
+        if b not in self.compiled:
+            self.compiled[b] = torch.compile(partial(self._layers, b=b, static=True))
+        step = self.compiled[b]
+        lengths = torch.tensor(cache.lengths, device=ids.device)
+        logits = None
+        if step is not None:
+            try:
+                # the MoE step reads its k expert ids as Python ints: traced as symbolic ints, not a graph
+                # break; every budget and batch size is a variant of the one `_layers`, past dynamo's 8
+                with torch._dynamo.config.patch(capture_scalar_outputs=True, recompile_limit=64):
+                    logits = step(ids, cache.layers, lengths=lengths)
+            except (torch._dynamo.exc.TorchDynamoException, GuardOnDataDependentSymNode) as e:  # while compiling
+                log.warning("compiling the decode step of budget %r failed; it runs eagerly (%s)", b.name,
+                            str(e).splitlines()[0] if str(e) else type(e).__name__)
+                self.compiled[b] = None
+        if logits is None:
+            logits = self._layers(ids, cache.layers, b, lengths=lengths, static=True)
+        cache.lengths = [n + 1 for n in cache.lengths]
+        return logits
 
     def tensors(self) -> list[torch.Tensor]:
         """Every distinct tensor the resident weights hold, packed quantized ones included (for memory
@@ -170,6 +212,9 @@ class NemotronH:
         if cache is not None and budget is not None and budget != cache.budget:
             raise ValueError(f"this cache belongs to budget {cache.budget.name!r}, not {budget.name!r}")
         T = ids.shape[1]
+        if (self.compiled is not None and cache is not None and T == 1 and soft is None and soft_hidden is None
+                and self.observer is None and torch.is_inference_mode_enabled()):
+            return self._compiled_step(ids, b, cache)
         if cache is None or T <= self.prefill_chunk:
             return self._forward(ids, b, cache, last_only, soft, soft_hidden)
         outs = [self._forward(ids[:, i:i + self.prefill_chunk], b, cache, last_only, soft, soft_hidden)
@@ -178,23 +223,35 @@ class NemotronH:
 
     def _forward(self, ids: torch.Tensor, b: Budget, cache: HybridCache | None, last_only: bool,
                  soft: list[SoftLayer | None] | None = None, soft_hidden: SoftSize | None = None) -> torch.Tensor:
-        cfg, d = self.cfg, b.hidden
-        eps = cfg.layer_norm_epsilon
-        norm = rms_norm if soft_hidden is None else soft_hidden.rms_norm
-        width = None if soft_hidden is None else soft_hidden.keep(d)  # channels past a candidate width stay 0
         start, lengths = 0, None
         if cache is not None:
             if len(set(cache.lengths)) == 1:
                 start = cache.lengths[0]
             else:
                 lengths = torch.tensor(cache.lengths, device=ids.device)
+        logits = self._layers(ids, None if cache is None else cache.layers, b, start, lengths, last_only, soft,
+                              soft_hidden)
+        if cache is not None:
+            cache.lengths = [n + ids.shape[1] for n in cache.lengths]
+        return logits
+
+    def _layers(self, ids: torch.Tensor, states: list | None, b: Budget, start: int = 0,
+                lengths: torch.Tensor | None = None, last_only: bool = False,
+                soft: list[SoftLayer | None] | None = None, soft_hidden: SoftSize | None = None,
+                static: bool = False) -> torch.Tensor:
+        """The network over `ids` continuing `states` (a cache's layers, advanced in place): embeddings,
+        every enabled block, the final norm and the LM head."""
+        cfg, d = self.cfg, b.hidden
+        eps = cfg.layer_norm_epsilon
+        norm = rms_norm if soft_hidden is None else soft_hidden.rms_norm
+        width = None if soft_hidden is None else soft_hidden.keep(d)  # channels past a candidate width stay 0
         h = torch.nn.functional.embedding(ids, self.embed[:, :d])
         if width is not None:
             h = h * width.to(h.dtype)
         for i, (layer, s) in enumerate(zip(self.layers, b.layers)):
             if not s.enabled:
                 continue
-            state = None if cache is None else cache.layers[i]
+            state = None if states is None else states[i]
             sl = (soft[i] if soft is not None else None) or {}
             x = norm(h, layer.norm[:d], eps)
             if self.observer is not None:
@@ -203,15 +260,14 @@ class NemotronH:
                 obs = None if self.observer is None else partial(self.observer, i, "mamba_y")
                 x = mamba_mixer(x, layer.mixer, s.mamba_heads, cfg, state, obs, sl.get("mamba_heads"))
             elif s.kind == "*":
-                x = attention(x, layer.mixer, s.attention_heads, cfg, state, start, lengths, sl.get("attention_heads"))
+                x = attention(x, layer.mixer, s.attention_heads, cfg, state, start, lengths, sl.get("attention_heads"),
+                              static)
             elif s.kind == "E":
                 x = moe(x, layer.mixer, s.experts, s.expert_channels, s.shared_channels, cfg, sl)
             else:
                 keep = unit_weights(sl, "mlp_channels", s.mlp_channels)
                 x = mlp(x, layer.mixer.up, layer.mixer.down, s.mlp_channels, keep)
             h = h + (x if width is None else x * width.to(x.dtype))
-        if cache is not None:
-            cache.lengths = [n + ids.shape[1] for n in cache.lengths]
         if last_only:
             h = h[:, -1:]
         h = norm(h, self.norm_f[:d], eps)

@@ -1,0 +1,84 @@
+"""The compiled decode step (`load(..., compile=True)`): the same logits and tokens as the eager network, for
+every budget, rows at different positions, and a cache that grows while decoding."""
+
+import pytest
+import torch
+from tiny import ALIGNED, hf_logits, make_checkpoint
+
+import elastic_local
+from elastic_local.elastic.nest import nest
+from elastic_local.model.nemotron_h import HybridCache
+
+
+@pytest.fixture(scope="module")
+def nested(tmp_path_factory):
+    root = tmp_path_factory.mktemp("compiled")
+    make_checkpoint(root / "parent", seed=31, **ALIGNED)
+    return nest(root / "parent", root / "nested", {"half": 0.5})
+
+
+def decode(net, budget, prompts: list[torch.Tensor], steps: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Greedy steps for rows whose prompts differ in length (one batch of caches at different positions)."""
+    caches, last = [], []
+    for p in prompts:
+        c = net.new_cache(1, budget=budget)
+        last.append(net.forward(p[None], cache=c, last_only=True)[:, -1])
+        caches.append(c)
+    cache = HybridCache.stack(caches)
+    tok = torch.cat(last).argmax(-1, keepdim=True)
+    logits, toks = [], [tok]
+    for _ in range(steps):
+        out = net.forward(tok, cache=cache)[:, -1]
+        logits.append(out)
+        tok = out.argmax(-1, keepdim=True)
+        toks.append(tok)
+    return logits, torch.cat(toks, 1)
+
+
+def test_compiled_decode_equals_eager_for_every_budget_and_across_cache_growth(nested):
+    eager = elastic_local.load(nested, dtype=torch.float32)
+    compiled = elastic_local.load(nested, dtype=torch.float32, compile=True)
+    g = torch.Generator().manual_seed(3)
+    # 60 and 45 prompt tokens: decoding 8 steps crosses the KV cache's first capacity (64), so it regrows
+    prompts = [torch.randint(0, 96, (60,), generator=g), torch.randint(0, 96, (45,), generator=g)]
+    with torch.inference_mode():
+        for name in eager.budgets:
+            want_logits, want = decode(eager.net, eager.budget(name), prompts, 8)
+            got_logits, got = decode(compiled.net, compiled.budget(name), prompts, 8)
+            assert torch.equal(got, want), name
+            for a, b in zip(got_logits, want_logits):
+                torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert set(compiled.net.compiled) == {compiled.budget(n) for n in compiled.budgets}  # one graph per budget
+
+
+def test_compiled_decode_matches_transformers_on_the_full_budget(nested):
+    m = elastic_local.load(nested, dtype=torch.float32, compile=True)
+    from transformers import NemotronHForCausalLM
+
+    hf = NemotronHForCausalLM.from_pretrained(nested, dtype=torch.float32).eval()
+    ids = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        cache = m.net.new_cache(1)
+        m.net.forward(ids[:, :-1], cache=cache)
+        step = m.net.forward(ids[:, -1:], cache=cache)[:, -1]
+    torch.testing.assert_close(step, hf_logits(hf, ids)[:, -1], atol=1e-4, rtol=0)
+
+
+def test_a_budget_whose_step_fails_to_compile_runs_eagerly_with_a_warning(nested, monkeypatch, caplog):
+    import torch._dynamo.exc
+
+    eager = elastic_local.load(nested, dtype=torch.float32)
+    m = elastic_local.load(nested, dtype=torch.float32, compile=True)
+
+    def no_compiler(fn):
+        def step(*args, **kwargs):
+            raise torch._dynamo.exc.TorchDynamoException("InvalidCxxCompiler: No working C++ compiler found")
+        return step
+
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    prompts = [torch.randint(0, 96, (9,), generator=torch.Generator().manual_seed(5))]
+    with torch.inference_mode(), caplog.at_level("WARNING"):
+        _, got = decode(m.net, m.budget("full"), prompts, 4)
+        _, want = decode(eager.net, eager.budget("full"), prompts, 4)
+    assert torch.equal(got, want) and m.net.compiled[m.budget("full")] is None
+    assert "runs eagerly" in caplog.text and "C++ compiler" in caplog.text
