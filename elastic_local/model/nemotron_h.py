@@ -25,6 +25,8 @@ from .mamba2 import MambaState, MambaWeights, mamba_mixer
 from .moe import MLPWeights, MoEWeights, mlp, moe
 from .soft import SoftLayer, SoftSize, unit_weights
 
+log = logging.getLogger(__name__)
+
 Observer = Callable[[int, str, torch.Tensor], None]
 
 
@@ -33,8 +35,6 @@ class Layer:
     kind: str  # block letter
     norm: torch.Tensor  # [D]
     mixer: MambaWeights | AttentionWeights | MoEWeights | MLPWeights | None  # None: not resident (layer off)
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -99,7 +99,8 @@ class NemotronH:
         a position mask so that no shape depends on the position. Float weights only: packed FP8 / NVFP4
         weights pick their expert blocks in Python, which the tracer cannot follow; those run eagerly."""
         plain = (torch.Tensor, Transposed, int, float, type(None))
-        if any(not isinstance(w, plain) for layer in self.layers for w in vars(layer.mixer).values()):
+        if any(not isinstance(w, plain) for layer in self.layers if layer.mixer is not None
+               for w in vars(layer.mixer).values()):
             log.warning("the compiled decode step covers float weights; these quantized ones decode eagerly")
             return
         self.compiled = {}
