@@ -6,8 +6,8 @@ engine's Stream, folds each event in, and every `Pace.every` seconds (and at onc
 end) saves the reply to the history and hands the events to the UI as one batch, so a fast model is not
 slowed to the speed of the screen.
 
-Why a pace, measured rather than fixed: every batch costs the UI thread a Textual layout and render (~35 ms
-of Python on the demo's 80x24 screen on the reference CPU, cProfile), and while the UI thread runs Python
+Why a pace, measured rather than fixed: every batch costs the UI thread a Textual layout and render (20-40
+ms of Python on the demo's 80x24 screen on the 2-core CI machine, cProfile), and while the UI thread runs Python
 the generation thread waits for the interpreter. The screen measures its own thread's CPU time per batch
 and the pump spaces batches so that it stays near `Pace.share` of the wall time: 10 batches a second where
 rendering is cheap, fewer on a slow machine, never fewer than two a second.
