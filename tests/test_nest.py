@@ -1,6 +1,7 @@
 """Nested elastic checkpoints: importance order, function preservation, budgets, zero-shot slicing."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -224,3 +225,11 @@ def test_nest_given_its_importance_writes_what_scoring_writes(nested, tmp_path):
     out = nest(parent, tmp_path / "given", FRACTIONS, importance=imp)
     assert (out / "model.safetensors").read_bytes() == (root / "nested" / "model.safetensors").read_bytes()
     assert json.loads((out / "config.json").read_text()) == json.loads((root / "nested" / "config.json").read_text())
+    # and the scores given are the ones used: every Mamba layer's heads ranked the other way round puts
+    # other heads first (a different file), the full budget still the parent
+    flipped = replace(imp, layers={i: {a: (-t if a == "mamba_heads" else t) for a, t in axes.items()}
+                                   for i, axes in imp.layers.items()})
+    other = nest(parent, tmp_path / "flipped", FRACTIONS, importance=flipped)
+    assert (other / "model.safetensors").read_bytes() != (out / "model.safetensors").read_bytes()
+    torch.testing.assert_close(elastic_local.load(other).logits(IDS), elastic_local.load(out).logits(IDS),
+                               atol=1e-4, rtol=0)

@@ -37,7 +37,6 @@ class SoftSize:
         scale = torch.einsum("...kg,rk->...rg", inv, keep)
         return weight * (v * scale[..., None]).reshape(h.shape)
 
-
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm over a soft hidden width: candidate k normalises over its first sizes[k] channels and
         zeroes the rest, mixed by the weights (the runtime's `rms_norm` of the prefix, for one-hot ones)."""
