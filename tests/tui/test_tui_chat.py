@@ -112,3 +112,18 @@ async def test_a_message_past_the_context_is_an_error_that_keeps_the_text_and_sa
         assert Store().conversation(app.screen.conversation_id).messages == []
         await send(pilot, QUESTION)  # the app still works
         await wait_until(pilot, lambda: session(pilot).turn and session(pilot).turn.reply.status == "done")
+
+
+async def test_an_engine_failure_shows_on_the_reply_keeps_the_app_and_is_saved(model, monkeypatch):
+    app = make_app(model)
+    async with app.run_test(size=(80, 24)) as pilot:
+        def broken(*args, **kwargs):
+            raise RuntimeError("CUDA out of memory (simulated)")
+
+        monkeypatch.setattr(session(pilot).chat, "stream", broken)
+        await send(pilot, QUESTION)
+        await wait_until(pilot, lambda: session(pilot).turn and session(pilot).turn.reply.status == "error")
+        await wait_until(pilot, lambda: "out of memory" in str(app.screen.query_one(".reply-footer").render()))
+        assert app.is_running and app.screen.query_one(PromptInput).text == QUESTION  # the prompt is back
+        stored = Store().conversation(app.screen.conversation_id).messages[-1]
+        assert stored.status == "error" and "out of memory" in stored.meta["error"]

@@ -150,7 +150,7 @@ class ChatScreen(Screen):
             self.pace.measured(cpu - self._ui_cpu)
         self._ui_cpu = cpu
 
-    @work(thread=True, exclusive=True, group="generate")
+    @work(thread=True, exclusive=True, group="generate", exit_on_error=False)  # a failed reply, not a crash
     def generate(self, turn: Turn, message: AssistantMessage) -> None:
         self.session.begin(turn)
         pump(turn.stream, turn.reply, self.session.save, lambda batch: self.post_message(ReplyEvents(message, batch)),
@@ -166,8 +166,11 @@ class ChatScreen(Screen):
         if event.worker.group != "generate" or event.state not in (WorkerState.SUCCESS, WorkerState.ERROR):
             return
         turn = self.turn
-        if event.state == WorkerState.ERROR:
+        if event.state == WorkerState.ERROR:  # the reply is saved as "error"; show it so, whole
             self.notify(f"generation failed: {event.worker.error}", severity="error")
+            messages = self.query(AssistantMessage)
+            if messages and messages.last().reply is getattr(turn, "reply", None):
+                await messages.last().finish()
         if turn is not None and turn.reply.status in ("stopped", "error"):
             self.query_one(PromptInput).restore(turn.prompt)
         self.refresh_status()
