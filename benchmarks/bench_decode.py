@@ -7,13 +7,19 @@ seed) and saved in the hub layout under benchmarks/_work/<config>/; every engine
 float32, and runs the same prompt (random token ids, fixed seed) greedily for exactly --new-tokens tokens:
 
     ours          elastic_local.load(...).forward(ids, cache=cache, last_only=True), prompt in one call,
-                  then one token per call, under torch.inference_mode()
+                  then one token per call, under torch.inference_mode(); decode steps on model/gemv.c
+    ours-torch    the same with the CPU decode kernels off (ELASTIC_LOCAL_CPU_GEMV=0's path: torch's
+                  matmul on the [in, out] layout): what the kernels change
+    ours-compiled the decode step compiled (load(compile=True))
+    ours-fp8, ours-nvfp4  `ours` on the same weights quantized while loading (load(precision=...)),
+                  float32 compute, lm_head kept float32; against llama.cpp-q8_0 / -q4_0
     transformers-loop  the same bare loop on transformers: model(ids, cache=cache, use_cache=True,
                   logits_to_keep=1) + argmax (like for like with ours: neither has generate()'s overhead)
     transformers  NemotronHForCausalLM.generate(greedy, use_cache, min_new_tokens = max_new_tokens): the
                   independent reference for `match`; ours / transformers compares a bare loop with a
                   full generate() and is printed only as that
     llama.cpp     llama-cpp-python on an f32 GGUF converted by llama.cpp's convert_hf_to_gguf.py
+    llama.cpp-q8_0, llama.cpp-q4_0  that GGUF quantized by llama.cpp itself (output tensor kept f32)
 
 Timing (wall clock): prefill = prompt forward + first token (prompt_len / seconds); decode = the other
 new_tokens - 1 tokens (tokens / seconds). Each engine runs once to warm up, then at least --reps times
@@ -33,7 +39,6 @@ The last line of output is one JSON object with every number in the table.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
@@ -175,18 +180,37 @@ class Skip(Exception):
 class OursEngine:
     name = "ours"
 
-    def __init__(self, ckpt: Path, compile: bool = False) -> None:
+    def __init__(self, ckpt: Path, compile: bool = False, precision: str | None = None,
+                 kernels: bool = True) -> None:
         import elastic_local
+        from elastic_local.engine.load import LAYOUT_ENV
+        from elastic_local.model import gemv
 
-        self.model = elastic_local.load(str(ckpt), device="cpu", dtype=torch.float32, compile=compile)
+        self.kernels = gemv.library() if kernels else None
+        if not kernels:
+            os.environ[LAYOUT_ENV] = "transposed"
+        try:
+            self.model = elastic_local.load(str(ckpt), device="cpu", dtype=torch.float32, compile=compile,
+                                            precision=precision)
+        finally:
+            os.environ.pop(LAYOUT_ENV, None)
         self.note = ""
         if compile:  # the one-time cost: tracing and compiling the decode step (a short run, then timed ones)
             t0 = time.perf_counter()
             self.run(torch.tensor([[3, 4, 5, 6]]), 3)
             self.note = f"compiled in {time.perf_counter() - t0:.1f} s (cold)"
 
-    @torch.inference_mode()
     def run(self, prompt_ids: torch.Tensor, n_new: int) -> Timing:
+        from elastic_local.model import gemv
+
+        kernels, gemv._library = gemv._library, self.kernels  # this engine's choice, for its own runs only
+        try:
+            return self._run(prompt_ids, n_new)
+        finally:
+            gemv._library = kernels
+
+    @torch.inference_mode()
+    def _run(self, prompt_ids: torch.Tensor, n_new: int) -> Timing:
         t0 = time.perf_counter()
         cache = self.model.new_cache(batch_size=1)
         logits = self.model.forward(prompt_ids, cache=cache, last_only=True)  # [1, 1, V]
@@ -258,12 +282,14 @@ class TransformersLoopEngine(TransformersEngine):
 class LlamaCppEngine:
     name = "llama.cpp"
 
-    def __init__(self, ckpt: Path, n_ctx: int, threads: int) -> None:
+    def __init__(self, ckpt: Path, n_ctx: int, threads: int, quant: str | None = None) -> None:
         if reason := llamacpp.import_error():
             raise Skip(f"llama_cpp not importable ({reason})")
         if reason := llamacpp.unsupported_reason(json.loads((ckpt / "config.json").read_text())):
             raise Skip(reason)
         gguf = llamacpp.convert_to_gguf(ckpt, ckpt / "model-f32.gguf")
+        if quant is not None:
+            gguf = llamacpp.quantize_gguf(gguf, quant)
         self.runner = llamacpp.LlamaCppRunner(gguf, n_ctx=n_ctx, threads=threads)
 
     def run(self, prompt_ids: torch.Tensor, n_new: int) -> Timing:
@@ -272,10 +298,15 @@ class LlamaCppEngine:
 
 ENGINES: dict[str, Callable[..., object]] = {
     "ours": lambda ckpt, n_ctx, threads: OursEngine(ckpt),
+    "ours-torch": lambda ckpt, n_ctx, threads: OursEngine(ckpt, kernels=False),
     "ours-compiled": lambda ckpt, n_ctx, threads: OursEngine(ckpt, compile=True),
+    "ours-fp8": lambda ckpt, n_ctx, threads: OursEngine(ckpt, precision="fp8"),
+    "ours-nvfp4": lambda ckpt, n_ctx, threads: OursEngine(ckpt, precision="nvfp4"),
     "transformers-loop": lambda ckpt, n_ctx, threads: TransformersLoopEngine(ckpt),
     "transformers": lambda ckpt, n_ctx, threads: TransformersEngine(ckpt),
     "llama.cpp": LlamaCppEngine,
+    "llama.cpp-q8_0": lambda ckpt, n_ctx, threads: LlamaCppEngine(ckpt, n_ctx, threads, "q8_0"),
+    "llama.cpp-q4_0": lambda ckpt, n_ctx, threads: LlamaCppEngine(ckpt, n_ctx, threads, "q4_0"),
 }
 
 
@@ -393,11 +424,18 @@ def ratio(a: Result | None, b: Result | None, attr: str) -> float | None:
     return getattr(a, attr) / getattr(b, attr)
 
 
-COMPARISONS = {  # engine -> what the ours / engine ratio compares
-    "transformers-loop": "bare loop vs bare loop",
-    "llama.cpp": "bare loop vs bare loop (Llama.eval + argmax)",
-    "transformers": "bare loop vs generate(): not the same work",
-}
+COMPARISONS = [  # (engine, engine, what the ratio compares)
+    *((mine, other, what) for mine in ("ours", "ours-compiled") for other, what in (
+        ("transformers-loop", "bare loop vs bare loop"),
+        ("llama.cpp", "bare loop vs bare loop (Llama.eval + argmax)"),
+        ("transformers", "bare loop vs generate(): not the same work"))),
+    ("ours", "ours-torch", "the CPU decode kernels vs torch's matmul"),
+    ("ours-fp8", "llama.cpp-q8_0", "8-bit weights, lm_head float32 in both"),
+    ("ours-nvfp4", "llama.cpp-q4_0", "4-bit weights, lm_head float32 in both"),
+    ("ours-fp8", "ours", "FP8 vs float32 weights"),
+    ("ours-nvfp4", "ours", "NVFP4 vs float32 weights"),
+]
+QUANTIZED = ("ours-fp8", "ours-nvfp4", "llama.cpp-q8_0", "llama.cpp-q4_0")
 
 
 def print_table(results: list[Result], counts: dict[str, ParamCount], args: argparse.Namespace) -> None:
@@ -417,23 +455,23 @@ def print_table(results: list[Result], counts: dict[str, ParamCount], args: argp
     print()
     for name in dict.fromkeys(r.config for r in results):
         by = {r.engine: r for r in results if r.config == name}
-        for mine, (other, what) in itertools.product(("ours", "ours-compiled"), COMPARISONS.items()):
+        for mine, other, what in COMPARISONS:
             if by.get(mine) and by.get(other) and by[mine].decode_tok_s and by[other].decode_tok_s:
                 pre = ratio(by[mine], by[other], "prefill_tok_s")
                 dec = ratio(by[mine], by[other], "decode_tok_s")
-                print(f"{name:<7}{mine} / {other:<18} prefill x{fmt(pre, '.2f')}   decode x{fmt(dec, '.2f')}"
+                print(f"{name:<7}{mine + ' / ' + other:<34} prefill x{fmt(pre, '.2f')}   decode x{fmt(dec, '.2f')}"
                       f"   ({what})")
 
 
 def bandwidth_report(results: list[Result], count: ParamCount, copy_samples: list[float]) -> dict:
-    bytes_per_tok = count.decode * 4  # float32
+    bytes_per_tok = count.decode * 4  # float32 (the quantized engines read fewer: not listed)
     copy_gb_s = median(copy_samples)
     print(f"\n100m decode reads {bytes_per_tok / 1e6:.0f} MB of weights per token; memory copy bandwidth "
           f"{copy_gb_s:.1f} GB/s (read + write, 1 GiB, median over reps of best of 3; "
           f"range {min(copy_samples):.1f}-{max(copy_samples):.1f})")
     out = {"weight_bytes_per_token": bytes_per_tok, "copy_gb_s": copy_gb_s, "copy_gb_s_samples": copy_samples}
     for r in results:
-        if r.config == "100m" and r.decode_tok_s is not None:
+        if r.config == "100m" and r.decode_tok_s is not None and r.engine not in QUANTIZED:
             gb_s = bytes_per_tok * r.decode_tok_s / 1e9
             print(f"  {r.engine:<18} {gb_s:6.2f} GB/s of weights = {gb_s / copy_gb_s:5.1%} of copy bandwidth")
             out[f"{r.engine}_weight_gb_s"] = gb_s

@@ -16,8 +16,10 @@ Cached under benchmarks/_work/quant/. Then:
              --positions positions of two kinds of text: uniform random token ids, and the BF16 full model's
              own greedy continuations of random 16-token prompts. All three load with dtype=float32.
   c. decode  batch-1 greedy decode (--prompt-len prompt, --new-tokens tokens) of FP8 and NVFP4 against BF16,
-             per budget, float32 compute, interleaved reps, medians, ratios. On a CPU a quantized Linear is
-             dequantized tile by tile inside every matmul (quant/linear.py), so it is expected to be slower.
+             per budget, interleaved reps, medians, ratios; once per --decode-dtypes compute dtype (float32:
+             the BF16 file's weights held in float32; bfloat16: held as stored). On an x86 CPU the decode
+             steps of every precision run on model/gemv.c's kernels (quantized weights decoded in registers);
+             `ELASTIC_LOCAL_CPU_GEMV=0` shows torch's path (quantized weights dequantized tile by tile).
   d. rss     on bench_nesting.py's ~107M-parameter nested checkpoint (built if missing) and its FP8 / NVFP4
              quantizations: memory of loading one budget (--rss-budget, default full) with dtype=bfloat16 from
              the BF16 file as BF16, with load-time FP8 / NVFP4 quantization (`load(bf16_dir, precision=...)`),
@@ -293,8 +295,8 @@ def decode_speed(models: dict, budgets: list[str], args: argparse.Namespace) -> 
     return res
 
 
-def print_decode(res: dict, args: argparse.Namespace) -> dict:
-    print(f"\nc. CPU decode, batch 1, greedy, float32 compute, prompt {args.prompt_len}, {args.new_tokens} new tokens, "
+def print_decode(res: dict, args: argparse.Namespace, dtype: str) -> dict:
+    print(f"\nc. CPU decode, batch 1, greedy, {dtype} compute, prompt {args.prompt_len}, {args.new_tokens} new tokens, "
           f"{args.threads} threads, median of {args.reps} interleaved reps")
     print(f"{'budget':<8}{'precision':<10}{'prefill tok/s':>15}{'decode tok/s':>14}{'spread':>8}{'ms/tok':>8}"
           f"{'x bf16':>8}{'same tokens':>13}")
@@ -381,6 +383,7 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--reps", type=int, default=5, help="timed decode runs per (budget, precision)")
+    p.add_argument("--decode-dtypes", default="float32,bfloat16", help="compute dtypes of the decode part")
     p.add_argument("--rss-reps", type=int, default=1, help="fresh processes per RSS case (the minimum is kept)")
     p.add_argument("--rss-budget", default="full", help="budget of the ~107M model the RSS part loads")
     p.add_argument("--forward-tokens", type=int, default=64, help="tokens of the forward pass after loading (RSS)")
@@ -443,7 +446,12 @@ def main() -> None:
         lap("logits")
 
     if "decode" not in skip:
-        summary["decode"] = print_decode(decode_speed(models, budgets, args), args)
+        summary["decode"] = {}
+        for dtype in args.decode_dtypes.split(","):
+            loaded = models if dtype == "float32" else {
+                prec: elastic_local.load(d, dtype=getattr(torch, dtype)) for prec, d in dirs.items()}
+            summary["decode"][dtype] = print_decode(decode_speed(loaded, budgets, args), args, dtype)
+            del loaded
         lap("decode")
     del models
 

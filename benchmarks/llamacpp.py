@@ -191,6 +191,23 @@ def convert_to_gguf(hf_dir: Path, out_path: Path) -> Path:
     return out_path
 
 
+def quantize_gguf(f32_path: Path, kind: str) -> Path:
+    """llama.cpp's own Q8_0 / Q4_0 of an f32 GGUF (next to it; reused when fresh). The output tensor
+    (lm_head) stays f32, as our FP8 / NVFP4 keep lm_head in high precision: the same weights quantized."""
+    import llama_cpp
+
+    f32_path = Path(f32_path)
+    out = f32_path.with_name(f"model-{kind}.gguf")
+    if out.is_file() and out.stat().st_mtime >= f32_path.stat().st_mtime:
+        return out
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = {"q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0}[kind]
+    params.quantize_output_tensor = False
+    if llama_cpp.llama_model_quantize(str(f32_path).encode(), str(out).encode(), params) != 0:
+        raise RuntimeError(f"llama_model_quantize {kind} of {f32_path} failed")
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- timing
 
 

@@ -47,6 +47,17 @@ def data_dir() -> Path:
     return _env_dir("XDG_DATA_HOME", Path.home() / ".local" / "share") / APP
 
 
+def cache_dir() -> Path:
+    """What can be rebuilt at any time (the compiled CPU decode kernels)."""
+    if (home := _home_override()) is not None:
+        return home / "cache"
+    if sys.platform == "win32":
+        return _env_dir("LOCALAPPDATA", Path.home() / "AppData" / "Local") / APP / "cache"
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / APP
+    return _env_dir("XDG_CACHE_HOME", Path.home() / ".cache") / APP
+
+
 # the models that ship inside the package (package data): the embedded demo model, used when none is named
 CATALOG = Path(__file__).resolve().parent / "catalog"
 DEMO_MODEL = CATALOG / "demo"

@@ -9,7 +9,7 @@ import pytest
 import torch
 from kernel_twins import blocked_offsets, fake_scaled_mm, unblock
 
-from elastic_local.model import kernels
+from elastic_local.model import gemv, kernels
 from elastic_local.model.kernels import KernelSet
 from elastic_local.quant import (
     FP8Weight,
@@ -229,6 +229,7 @@ def test_nvfp4_narrow_needs_16_aligned_cut():
 @pytest.mark.parametrize("quantize", [quantize_nvfp4, quantize_fp8])
 def test_linear_matches_dequantized_matmul(monkeypatch, quantize):
     monkeypatch.setattr(qlinear, "TILE_ELEMENTS", 2000)  # several row tiles, the last one ragged
+    monkeypatch.setattr(gemv, "_library", None)  # torch's path (the CPU decode kernels: test_cpu_gemv.py)
     q = quantize(random_weight((100, 128), 0.1, torch.float32))
     x = torch.randn(3, 5, 128)
     for w in (q, q.narrow(70, 96)):

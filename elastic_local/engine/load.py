@@ -9,6 +9,7 @@ import torch
 
 from ..checkpoint.load import load_network
 from ..elastic.table import read_budgets
+from ..model import gemv
 from ..model.config import NemotronHConfig
 from ..model.schema import stored_budget
 from ..paths import default_model
@@ -17,7 +18,17 @@ from .chat import ChatTemplate
 from .elastic_model import ElasticModel
 from .tokenizer import Tokenizer
 
-LAYOUT_ENV = "ELASTIC_LOCAL_CPU_LAYOUT"  # "rows": keep CPU weights [out, in] (model/linear.Transposed says why)
+LAYOUT_ENV = "ELASTIC_LOCAL_CPU_LAYOUT"  # "rows" or "transposed": force a CPU float32 weight layout
+
+
+def cpu_layout() -> str:
+    """How CPU float32 weights are kept: "rows" ([out, in], as stored) where the decode kernels
+    (model/gemv.py) stream row-prefix views; else "transposed" ([in, out], model/linear.Transposed),
+    where torch's matmul streams budgets' views faster. LAYOUT_ENV overrides."""
+    forced = os.environ.get(LAYOUT_ENV)
+    if forced in ("rows", "transposed"):
+        return forced
+    return "rows" if gemv.library() is not None else "transposed"
 
 
 def load(path: str | Path | None = None, budget: str | None = None, precision: str | None = None,
@@ -55,7 +66,7 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     resident = budgets[budget] if budget is not None else next(iter(budgets.values()))
     net = load_network(path, resident=resident, stored=stored_budget(cfg), dtype=dtype, device=device,
                        progress=progress, precision=precision, keep=keep)
-    if torch.device(device).type == "cpu" and dtype == torch.float32 and os.environ.get(LAYOUT_ENV) != "rows":
+    if torch.device(device).type == "cpu" and dtype == torch.float32 and cpu_layout() == "transposed":
         net.transpose_weights()  # float32 only: in bf16 `x @ t` is the slower path (linear.Transposed)
     if compile:
         net.compile_decode()

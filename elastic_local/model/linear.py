@@ -13,6 +13,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from . import gemv
+
 
 def block(w, r0: int, r1: int, cols: int):
     """Rows [r0, r1) and the first `cols` input columns of a [out, in] weight, without a copy."""
@@ -55,6 +57,9 @@ ONEDNN_MAX_ROWS = 16
 
 def linear(x: torch.Tensor, w) -> torch.Tensor:
     if isinstance(w, torch.Tensor):
+        if (w.dtype in (torch.float32, torch.bfloat16) and w.ndim == 2 and w.stride(1) == 1
+                and not w.requires_grad and gemv.usable(x)):
+            return gemv.matvec_op(x, w) if torch.compiler.is_compiling() else gemv.matvec(x, w)
         # oneDNN's op has no backward: weights being trained take F.linear; a compiled step leaves the
         # choice of matmul to inductor (tracing the probe would run it inside every step)
         if (w.device.type == "cpu" and not w.requires_grad and not torch.compiler.is_compiling()

@@ -14,6 +14,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from ..model import gemv
 from ..model.cost import NATIVE_CAPABILITY
 from .linear import QuantizedWeight, finite_amax
 
@@ -69,3 +70,6 @@ class FP8Weight(QuantizedWeight):
             scale = (x.abs().amax().float() / E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
         xq = (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
         return scaled_mm(xq, self.weight.t(), scale_a=scale, scale_b=self.weight_scale, out_dtype=x.dtype)
+
+    def _cpu_linear(self, x: Tensor) -> Tensor:
+        return gemv.fp8(x, self.weight.view(torch.uint8), self.weight_scale.item())

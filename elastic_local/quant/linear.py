@@ -2,9 +2,11 @@
 
 FP8 runs on `torch._scaled_mm` on compute capability 8.9+, NVFP4 on torch's block-scaled `_scaled_mm`
 on Blackwell (10.0+) (model/cost.py holds the gates, model/kernels.py the kernel and the device's
-capability). Everything else (CPUs, older GPUs) dequantizes a tile of output rows at a time
-inside the matmul: the memory saving stays, the speed-up does not, and no full-precision copy of the
-weight is ever held. Elastic sub-models cut prefix blocks out of the packed tensors as views.
+capability). On x86 CPUs, decode-sized inputs (a few rows) take model/gemv.c's kernels, which decode
+the packed bytes in registers. Everything else (prefill on CPUs, older GPUs) dequantizes a tile of
+output rows at a time inside the matmul: the memory saving stays, the speed-up does not, and no
+full-precision copy of the weight is ever held. Elastic sub-models cut prefix blocks out of the packed
+tensors as views.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..model import kernels
+from ..model import gemv, kernels
 
 TILE_ELEMENTS = 1 << 22  # weight elements dequantized at once on the fallback path (16 MiB in fp32)
 DEQUANT_KERNEL = "dequant_matmul"
+CPU_KERNEL = "cpu_gemv"  # model/gemv.c, for decode-sized inputs (up to gemv.MAX_PACKED_ROWS rows)
 
 
 def finite_amax(w: Tensor, name: str) -> Tensor:
@@ -72,6 +75,10 @@ class QuantizedWeight(ABC):
     def _fast_linear(self, x: Tensor, scaled_mm: Callable) -> Tensor:
         """x [m, in] @ W.T on the GPU kernel (`torch._scaled_mm` or a stand-in with its contract)."""
 
+    @abstractmethod
+    def _cpu_linear(self, x: Tensor) -> Tensor:
+        """x [.., in] @ W.T on model/gemv.c's kernel for the format."""
+
     def block(self, r0: int, r1: int, cols: int) -> QuantizedWeight:
         """Rows [r0, r1) and the first `cols` inputs, as views of the packed tensors."""
         out, k = self.shape
@@ -90,10 +97,12 @@ class QuantizedWeight(ABC):
     def dequantize(self, dtype: torch.dtype) -> Tensor:
         return self._dequantize_rows(0, self.shape[0], dtype)
 
-    def kernel_name(self, device: torch.device | str | None = None) -> str:
-        """Which path `linear` takes for inputs on `device` (default: where the weight lives)."""
+    def kernel_name(self, device: torch.device | str | None = None, rows: int = 1) -> str:
+        """Which path `linear` takes for `rows` input rows on `device` (default: where the weight lives)."""
         device = self.weight.device if device is None else torch.device(device)
-        return self.fast_kernel if self._scaled_mm(device) is not None else DEQUANT_KERNEL
+        if self._scaled_mm(device) is not None:
+            return self.fast_kernel
+        return CPU_KERNEL if gemv.serves(device, rows, gemv.MAX_PACKED_ROWS) else DEQUANT_KERNEL
 
     def _scaled_mm(self, device: torch.device) -> Callable | None:
         """The scaled matmul that runs this weight on `device`, or None: dequantize."""
@@ -106,6 +115,8 @@ class QuantizedWeight(ABC):
         mm = self._scaled_mm(x.device)
         if mm is not None:
             return self._fast_linear(x.reshape(-1, x.shape[-1]), mm).unflatten(0, x.shape[:-1])
+        if gemv.usable(x, gemv.MAX_PACKED_ROWS):
+            return self._cpu_linear(x)
         out, k = self.shape
         rows = max(1, TILE_ELEMENTS // k)
         tiles = [F.linear(x, self._dequantize_rows(r, min(r + rows, out), x.dtype)) for r in range(0, out, rows)]

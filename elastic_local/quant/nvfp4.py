@@ -16,6 +16,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from ..model import gemv
 from ..model.cost import NATIVE_CAPABILITY
 from .linear import TILE_ELEMENTS, QuantizedWeight, finite_amax, to_blocked
 
@@ -133,3 +134,6 @@ class NVFP4Weight(QuantizedWeight):
             out_dtype=torch.bfloat16,
         )
         return (out.float() * (scale_2 * self.weight_scale_2)).to(x.dtype)
+
+    def _cpu_linear(self, x: Tensor) -> Tensor:
+        return gemv.nvfp4(x, self.weight, self.weight_scale.view(torch.uint8), self.weight_scale_2.item())

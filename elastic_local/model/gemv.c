@@ -1,0 +1,201 @@
+/* Matrix-vector products for batch-1 decode on x86 CPUs with AVX2, FMA and F16C (model/gemv.py builds
+ * and loads this file; everything else falls back to torch's matmul).
+ *
+ * y[m, n] = sum_k x[m, k] * W[n, k] for m < M, n < N, k < K. W's rows lie `ldw` elements (bytes for
+ * the packed formats) apart, so an elastic budget's prefix view W[r0:r1, :K] of a wider weight streams
+ * as it is: every row is K contiguous values. x and y are float32, contiguous; one thread per block of
+ * output rows (one thread for small weights, where waking the others costs more than it saves). Each
+ * returns 0, or -1 where a scratch buffer could not be allocated. The packed formats are decoded in registers, never written out:
+ *   bf16   the top half of a float32
+ *   fp8    e4m3 (NVIDIA Model Optimizer's per-tensor FP8): its fields shifted into an fp16, converted
+ *   nvfp4  e2m1 codes, two per byte (low nibble first), one e4m3 scale per 16 inputs and one float
+ *          scale per tensor (Model Optimizer's NVFP4)
+ * Every decode is exact: the same products as dequantizing the weight to float32 first.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define PARALLEL _Pragma("omp parallel for num_threads(threads) schedule(static) if (N * K >= 65536)")
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 16 e4m3 bytes -> 16 fp16 holding value / 2^8: e4m3 is fp16 with 4 exponent bits and 3 mantissa bits,
+   so the magnitude bits move up by 7 and the sign by 8; subnormals stay subnormal, exactly. */
+static inline __m256i e4m3_as_f16(__m128i bytes) {
+    __m256i h = _mm256_cvtepu8_epi16(bytes);
+    __m256i mag = _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7F)), 7);
+    return _mm256_or_si256(mag, _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x80)), 8));
+}
+
+static inline float e4m3_scalar(uint8_t b) { /* value / 2^8, as above */
+    return _cvtsh_ss((unsigned short)(((b & 0x7F) << 7) | ((b & 0x80) << 8)));
+}
+
+static inline float dot_f32(const float *x, const float *w, int64_t K) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), _mm256_loadu_ps(w + k), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), _mm256_loadu_ps(w + k + 8), a1);
+    }
+    float t = hsum(_mm256_add_ps(a0, a1));
+    for (; k < K; k++) t += x[k] * w[k];
+    return t;
+}
+
+static inline __m256 bf16_as_f32(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
+
+static inline float dot_bf16(const float *x, const uint16_t *w, int64_t K) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)(w + k));
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), bf16_as_f32(_mm256_castsi256_si128(h)), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), bf16_as_f32(_mm256_extracti128_si256(h, 1)), a1);
+    }
+    float t = hsum(_mm256_add_ps(a0, a1));
+    for (; k < K; k++) {
+        union { uint32_t u; float f; } v = {(uint32_t)w[k] << 16};
+        t += x[k] * v.f;
+    }
+    return t;
+}
+
+static inline float dot_fp8(const float *x, const uint8_t *w, int64_t K) { /* times 2^-8 */
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m256i h = e4m3_as_f16(_mm_loadu_si128((const __m128i *)(w + k)));
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), _mm256_cvtph_ps(_mm256_castsi256_si128(h)), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), a1);
+    }
+    float t = hsum(_mm256_add_ps(a0, a1));
+    for (; k < K; k++) t += x[k] * e4m3_scalar(w[k]);
+    return t;
+}
+
+/* One block of 16 e2m1 codes (8 bytes) times 16 inputs. An e2m1 code's fp16 (of value / 2^14) has
+   bits only in its high byte, so one byte shuffle decodes the block; unpacking it against zero gives
+   the 8 even inputs' weights, then the 8 odd ones': x comes with each block of 16 permuted that way. */
+static inline __m256 block_nvfp4(const float *x, __m128i bytes) {
+    const __m128i lut = _mm_setr_epi8(0x00, 0x02, 0x04, 0x06, 0x08, 0x0A, 0x0C, 0x0E,
+                                      (char)0x80, (char)0x82, (char)0x84, (char)0x86,
+                                      (char)0x88, (char)0x8A, (char)0x8C, (char)0x8E);
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    __m128i codes = _mm_unpacklo_epi64(_mm_and_si128(bytes, low4), _mm_and_si128(_mm_srli_epi16(bytes, 4), low4));
+    __m128i high = _mm_shuffle_epi8(lut, codes);
+    __m256 even = _mm256_cvtph_ps(_mm_unpacklo_epi8(_mm_setzero_si128(), high));
+    __m256 odd = _mm256_cvtph_ps(_mm_unpackhi_epi8(_mm_setzero_si128(), high));
+    return _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), odd, _mm256_mul_ps(_mm256_loadu_ps(x), even));
+}
+
+/* 8 e4m3 block scales -> 8 floats of value / 2^8 */
+static inline __m256 e4m3x8(const uint8_t *s) {
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(e4m3_as_f16(_mm_loadl_epi64((const __m128i *)s))));
+}
+
+static inline __m256 lane(__m256 v, int i) { return _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(i)); }
+
+static inline float dot_nvfp4(const float *x, const uint8_t *w, const uint8_t *scales, int64_t K) { /* * 2^-22 */
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 128 <= K; k += 128) { /* 8 blocks, their scales decoded at once */
+        __m256 s = e4m3x8(scales + k / 16);
+        for (int b = 0; b < 8; b += 2) {
+            __m128i bytes = _mm_loadu_si128((const __m128i *)(w + k / 2 + b * 8));
+            a0 = _mm256_fmadd_ps(block_nvfp4(x + k + b * 16, bytes), lane(s, b), a0);
+            a1 = _mm256_fmadd_ps(block_nvfp4(x + k + b * 16 + 16, _mm_unpackhi_epi64(bytes, bytes)), lane(s, b + 1), a1);
+        }
+    }
+    for (; k < K; k += 16)
+        a0 = _mm256_fmadd_ps(block_nvfp4(x + k, _mm_loadl_epi64((const __m128i *)(w + k / 2))),
+                             _mm256_set1_ps(e4m3_scalar(scales[k / 16])), a0);
+    return hsum(_mm256_add_ps(a0, a1));
+}
+
+/* Several rows of x: a weight row is decoded once into `out` (float32, the x order) and every row of x
+   takes a float32 dot product with it, instead of decoding it again per row. */
+static inline void decode_fp8(const uint8_t *w, int64_t K, float *out) { /* value / 2^8 */
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m256i h = e4m3_as_f16(_mm_loadu_si128((const __m128i *)(w + k)));
+        _mm256_storeu_ps(out + k, _mm256_cvtph_ps(_mm256_castsi256_si128(h)));
+        _mm256_storeu_ps(out + k + 8, _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)));
+    }
+    for (; k < K; k++) out[k] = e4m3_scalar(w[k]);
+}
+
+static inline void decode_nvfp4(const uint8_t *w, const uint8_t *scales, int64_t K, float *out) { /* / 2^22 */
+    const __m128i lut = _mm_setr_epi8(0x00, 0x02, 0x04, 0x06, 0x08, 0x0A, 0x0C, 0x0E,
+                                      (char)0x80, (char)0x82, (char)0x84, (char)0x86,
+                                      (char)0x88, (char)0x8A, (char)0x8C, (char)0x8E);
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    for (int64_t k = 0; k < K; k += 16) {
+        __m128i bytes = _mm_loadl_epi64((const __m128i *)(w + k / 2));
+        __m128i codes = _mm_unpacklo_epi64(_mm_and_si128(bytes, low4), _mm_and_si128(_mm_srli_epi16(bytes, 4), low4));
+        __m128i high = _mm_shuffle_epi8(lut, codes);
+        __m256 s = _mm256_set1_ps(e4m3_scalar(scales[k / 16]));
+        _mm256_storeu_ps(out + k, _mm256_mul_ps(s, _mm256_cvtph_ps(_mm_unpacklo_epi8(_mm_setzero_si128(), high))));
+        _mm256_storeu_ps(out + k + 8, _mm256_mul_ps(s, _mm256_cvtph_ps(_mm_unpackhi_epi8(_mm_setzero_si128(), high))));
+    }
+}
+
+int gemv_f32(const float *x, const float *w, float *y, int64_t M, int64_t N, int64_t K, int64_t ldw,
+              int threads) {
+    PARALLEL
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t m = 0; m < M; m++) y[m * N + n] = dot_f32(x + m * K, w + n * ldw, K);
+    return 0;
+}
+
+int gemv_bf16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t N, int64_t K, int64_t ldw,
+               int threads) {
+    PARALLEL
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t m = 0; m < M; m++) y[m * N + n] = dot_bf16(x + m * K, w + n * ldw, K);
+    return 0;
+}
+
+int gemv_fp8(const float *x, const uint8_t *w, float *y, int64_t M, int64_t N, int64_t K, int64_t ldw,
+             float scale, int threads) {
+    scale *= 256.f;
+    PARALLEL
+    for (int64_t n = 0; n < N; n++) {
+        if (M == 1) {
+            y[n] = dot_fp8(x, w + n * ldw, K) * scale;
+            continue;
+        }
+        float row[K];
+        decode_fp8(w + n * ldw, K, row);
+        for (int64_t m = 0; m < M; m++) y[m * N + n] = dot_f32(x + m * K, row, K) * scale;
+    }
+    return 0;
+}
+
+/* K % 16 == 0; w [N, ldw bytes], scales [N, lds bytes]. x is permuted once (block_nvfp4's order). */
+int gemv_nvfp4(const float *x, const uint8_t *w, const uint8_t *scales, float *y, int64_t M, int64_t N,
+               int64_t K, int64_t ldw, int64_t lds, float scale, int threads) {
+    float *xp = malloc(M * K * sizeof(float));
+    if (!xp) return -1;
+    for (int64_t i = 0; i < M * K; i += 16)
+        for (int j = 0; j < 8; j++) xp[i + j] = x[i + 2 * j], xp[i + 8 + j] = x[i + 2 * j + 1];
+    scale *= 16384.f * 256.f;
+    PARALLEL
+    for (int64_t n = 0; n < N; n++) {
+        if (M == 1) {
+            y[n] = dot_nvfp4(xp, w + n * ldw, scales + n * lds, K) * scale;
+            continue;
+        }
+        float row[K];
+        decode_nvfp4(w + n * ldw, scales + n * lds, K, row);
+        for (int64_t m = 0; m < M; m++) y[m * N + n] = dot_f32(xp + m * K, row, K) * scale;
+    }
+    free(xp);
+    return 0;
+}

@@ -1,0 +1,152 @@
+"""Decode's matrix-vector products on x86 CPUs: `gemv.c`, compiled on first use with the system's C compiler.
+
+Batch-1 decode reads every weight once per token, so its speed is the speed at which the matmul streams
+the weights. torch has no CPU matmul for FP8 / NVFP4 weights (they dequantize a tile at a time, 0.26-0.59x
+of BF16 although they read 2-3.5x fewer bytes), and its matrix-vector products lose speed on the strided
+row-prefix views smaller budgets cut and, on CPUs without bf16 instructions, on bf16 weights. gemv.c reads
+each format as stored, prefix views included, and decodes the packed ones in registers.
+
+The library is built once per source version into the user's cache dir (`paths.cache_dir()/kernels`):
+`$CC` or `cc`, AVX2 + FMA + F16C, OpenMP (torch's own runtime, already loaded). Any other CPU, a missing
+compiler (a warning says so), or ELASTIC_LOCAL_CPU_GEMV=0: torch's matmul runs, with the same results.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..paths import cache_dir
+
+ENV = "ELASTIC_LOCAL_CPU_GEMV"  # "0": never build or use the kernels
+SOURCE = Path(__file__).with_name("gemv.c")
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fPIC", "-shared"]
+# Rows of x the kernels take: float weights up to MAX_ROWS (past that, torch's matmul, which reuses what
+# it loads across rows, is faster); packed weights up to MAX_PACKED_ROWS (each weight row is decoded once
+# and serves every row of x; torch's path dequantizes whole tiles first, which only a long prefill repays).
+MAX_ROWS = 4
+MAX_PACKED_ROWS = 16
+
+_P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+_SIGNATURES = {
+    "gemv_f32": [_P, _P, _P, _I, _I, _I, _I, _C],
+    "gemv_bf16": [_P, _P, _P, _I, _I, _I, _I, _C],
+    "gemv_fp8": [_P, _P, _P, _I, _I, _I, _I, _F, _C],
+    "gemv_nvfp4": [_P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _C],
+}
+
+
+def _compile(out: Path) -> str | None:
+    """Build gemv.c into `out` (atomically: concurrent first runs each build and rename); None or why not."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return "no C compiler found (set CC or install gcc)"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    why = ""
+    for openmp in (["-fopenmp"], []):  # a compiler without OpenMP (e.g. clang without libomp): one thread
+        done = subprocess.run([cc, *FLAGS, *openmp, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+        if done.returncode == 0:
+            os.replace(tmp, out)
+            return None
+        if not why:
+            lines = done.stderr.strip().splitlines()
+            why = lines[-1] if lines else f"exit {done.returncode}"
+    os.unlink(tmp)
+    return f"{cc} failed: {why}"
+
+
+_library: ctypes.CDLL | None | bool = False  # False: not looked for yet
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels, or None where they cannot run (module docstring); looked for once. (A plain
+    global, not functools.cache: a compiled decode step reads it while tracing.)"""
+    global _library
+    if _library is False:
+        _library = _load()
+    return _library
+
+
+def _load() -> ctypes.CDLL | None:
+    if os.environ.get(ENV) == "0" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return None
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    path = cache_dir() / "kernels" / f"gemv-{key}.so"
+    try:
+        why = None if path.is_file() else _compile(path)
+        lib = None if why else ctypes.CDLL(str(path))
+    except OSError as e:
+        why = str(e)
+    if why:
+        warnings.warn(f"CPU decode kernels unavailable ({why}); decode uses torch's matmul, which is slower "
+                      f"(FP8 / NVFP4 weights several times slower)", stacklevel=2)
+        return None
+    for name, args in _SIGNATURES.items():
+        getattr(lib, name).argtypes = args
+        getattr(lib, name).restype = ctypes.c_int  # 0, or -1 when a scratch buffer could not be allocated
+    return lib
+
+
+def serves(device: torch.device, rows: int, max_rows: int = MAX_ROWS) -> bool:
+    """Whether an input of `rows` rows on `device` goes to the kernels."""
+    return device.type == "cpu" and rows <= max_rows and library() is not None
+
+
+def usable(x: Tensor, max_rows: int = MAX_ROWS) -> bool:
+    """Whether x (a CPU activation of a few rows) goes to the kernels."""
+    return x.device.type == "cpu" and x.numel() <= max_rows * x.shape[-1] and library() is not None
+
+
+# The wrappers below run ~70 times per decoded token: each torch call they avoid is a microsecond or two.
+
+def _call(kernel, x: Tensor, n: int, weights: tuple, layout: tuple) -> Tensor:
+    """kernel(x, *weights, y, M, N, K, *layout, threads) on x's rows as float32 into a new [..., n] tensor,
+    returned in x's dtype."""
+    xs = x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()
+    y = torch.empty(x.shape[:-1] + (n,))
+    k = x.shape[-1]
+    if kernel(xs.data_ptr(), *weights, y.data_ptr(), xs.numel() // k, n, k, *layout, torch.get_num_threads()):
+        raise MemoryError(f"out of memory for a {xs.numel() // k}x{k} input's scratch copy")
+    return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
+def matvec(x: Tensor, w: Tensor) -> Tensor:
+    """x @ w.T for a float32 / bfloat16 weight whose rows are contiguous (prefix views are)."""
+    kernel = _library.gemv_f32 if w.dtype == torch.float32 else _library.gemv_bf16
+    return _call(kernel, x, w.shape[0], (w.data_ptr(),), (w.stride(0),))
+
+
+@torch.library.custom_op("elastic_local::matvec", mutates_args=())
+def matvec_op(x: Tensor, w: Tensor) -> Tensor:
+    """`matvec` as an op a compiled decode step calls (inductor leaves it opaque)."""
+    return matvec(x, w)
+
+
+@matvec_op.register_fake
+def _(x: Tensor, w: Tensor) -> Tensor:
+    return x.new_empty(*x.shape[:-1], w.shape[0])
+
+
+def fp8(x: Tensor, codes: Tensor, scale: float) -> Tensor:
+    """x @ (codes * scale).T for e4m3 codes [out, in] (rows contiguous)."""
+    return _call(_library.gemv_fp8, x, codes.shape[0], (codes.data_ptr(),), (codes.stride(0), scale))
+
+
+def nvfp4(x: Tensor, codes: Tensor, block_scales: Tensor, scale: float) -> Tensor:
+    """x @ W.T for NVFP4 codes [out, in/2] (two per byte) and e4m3 block scales [out, in/16]."""
+    return _call(_library.gemv_nvfp4, x, codes.shape[0], (codes.data_ptr(), block_scales.data_ptr()),
+                 (codes.stride(0), block_scales.stride(0), scale))

@@ -1,0 +1,168 @@
+"""model/gemv.c, the CPU decode kernels: every format against torch's matmul of the dequantized weight, on
+the views budgets cut, and the fallbacks around them."""
+
+import platform
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tiny import make_checkpoint
+
+import elastic_local
+from elastic_local.model import gemv
+from elastic_local.model.linear import linear
+from elastic_local.quant import quantize_fp8, quantize_nvfp4
+
+X86 = platform.machine().lower() in ("x86_64", "amd64") and torch.backends.cpu.get_cpu_capability() in (
+    "AVX2", "AVX512")
+# On an x86 CPU with AVX2 (every CI machine and development box here) the kernels must build: a compiler
+# problem fails these tests rather than silently testing torch against itself.
+pytestmark = pytest.mark.skipif(not X86, reason="the kernels are x86 AVX2 only; elsewhere torch's matmul runs")
+
+# (out, in): a K that is a multiple of 32, one with an odd block of 16, tails below 16 (float formats)
+SHAPES = [(96, 256), (37, 48), (300, 80)]
+FLOAT_ONLY_SHAPES = [(5, 7), (33, 1000)]
+
+
+def weight(shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g) * torch.rand(shape[0], 1, generator=g) * 0.1
+
+
+@pytest.fixture(autouse=True)
+def kernels_built():
+    assert gemv.library() is not None, "the CPU decode kernels did not build (see the warning)"
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4])
+@pytest.mark.parametrize("shape", SHAPES + FLOAT_ONLY_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_float_matvec_equals_torch_matmul(shape, rows, dtype):
+    w = weight(shape).to(dtype)
+    x = torch.randn(rows, 1, shape[1]).to(dtype)
+    y = gemv.matvec(x, w)
+    assert y.shape == (rows, 1, shape[0]) and y.dtype == dtype
+    ref = F.linear(x.float(), w.float()).to(dtype)
+    torch.testing.assert_close(y, ref, rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 3, gemv.MAX_PACKED_ROWS])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fp8_and_nvfp4_equal_the_dequantized_matmul(shape, rows):
+    w = weight(shape, seed=1)
+    x = torch.randn(rows, shape[1])
+    for q in (quantize_fp8(w), quantize_nvfp4(w)):
+        assert q.kernel_name("cpu", rows=rows) == "cpu_gemv"
+        assert q.kernel_name("cpu", rows=gemv.MAX_PACKED_ROWS + 1) == "dequant_matmul"
+        ref = F.linear(x, q.dequantize(torch.float32))
+        torch.testing.assert_close(q.linear(x), ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(q.linear(x.bfloat16()), ref.bfloat16(), rtol=1e-2, atol=1e-2)
+
+
+def test_every_fp8_code_and_nvfp4_code_decodes_exactly():
+    """One-hot inputs read single weights back: all 256 e4m3 codes (subnormals and both zeros) and every
+    e2m1 code under every e4m3 block scale the quantizer can write."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes[[0x7F, 0xFF]] = 0x7E  # e4m3's two NaN codes, which the quantizer never writes
+    fp8 = quantize_fp8(torch.ones(16, 16))
+    fp8.weight = codes.view(16, 16).view(torch.float8_e4m3fn)
+    dense = fp8.dequantize(torch.float32)
+    for rows in (1, 4, 16):
+        for i in range(0, 16, rows):
+            torch.testing.assert_close(fp8.linear(torch.eye(16)[i:i + rows]), dense[:, i:i + rows].T, rtol=0, atol=0)
+
+    nv = quantize_nvfp4(torch.ones(128, 32))  # [128, 16] bytes: every byte value 8 times, two blocks per row
+    nv.weight = torch.arange(128 * 16).remainder(256).to(torch.uint8).view(128, 16)
+    scales = torch.arange(1, 127, dtype=torch.uint8)  # every positive finite e4m3 code (127 is NaN)
+    nv.weight_scale = scales.repeat(3)[: 128 * 2].view(128, 2).view(torch.float8_e4m3fn)
+    dense = nv.dequantize(torch.float32)
+    for rows in (1, 16):  # the fused path, and the decode-once path of several rows
+        for i in range(0, 32, rows):  # the kernel rounds code * scale * scale_2 once, the dequantizer twice
+            got = nv.linear(torch.eye(32)[i:i + rows])
+            torch.testing.assert_close(got, dense[:, i:i + rows].T, rtol=2e-7, atol=0)
+
+
+@pytest.mark.parametrize("quantize", [None, quantize_fp8, quantize_nvfp4])
+def test_budget_prefix_views_stream_without_copies(quantize):
+    """A budget's block of a wider weight (rows r0:r1, the first `cols` inputs) is read in place."""
+    w = weight((192, 320), seed=2)
+    full = w if quantize is None else quantize(w)
+    x = torch.randn(1, 160)
+    if quantize is None:
+        view = w[32:160, :160]
+        assert not view.is_contiguous()
+        ref = F.linear(x, view)
+        torch.testing.assert_close(linear(x, view), ref, rtol=1e-5, atol=1e-5)
+    else:
+        view = full.block(32, 160, 160)
+        assert view.weight.untyped_storage().data_ptr() == full.weight.untyped_storage().data_ptr()
+        ref = F.linear(x, view.dequantize(torch.float32))
+        torch.testing.assert_close(view.linear(x), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_more_rows_than_a_decode_step_take_torch_matmul(monkeypatch):
+    w = weight((64, 64))
+    called = []
+    monkeypatch.setattr(gemv, "matvec", lambda x, w: called.append(x.shape) or F.linear(x, w))
+    linear(torch.randn(gemv.MAX_ROWS, 64), w)
+    linear(torch.randn(gemv.MAX_ROWS + 1, 64), w)
+    w.requires_grad_(True)  # training: autograd needs torch's op
+    linear(torch.randn(1, 64), w)
+    assert called == [(gemv.MAX_ROWS, 64)]
+
+
+def test_a_missing_compiler_warns_and_torch_runs(monkeypatch, tmp_path):
+    monkeypatch.setenv("ELASTIC_LOCAL_HOME", str(tmp_path))  # nothing cached there
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setattr(gemv, "_library", False)
+    with pytest.warns(UserWarning, match="CPU decode kernels unavailable"):
+        assert gemv.library() is None
+    w = weight((32, 64))
+    x = torch.randn(1, 64)
+    assert not gemv.usable(x)
+    torch.testing.assert_close(linear(x, w), F.linear(x, w))
+    q = quantize_fp8(w)
+    assert q.kernel_name("cpu") == "dequant_matmul"
+    torch.testing.assert_close(q.linear(x), F.linear(x, q.dequantize(torch.float32)), rtol=1e-5, atol=1e-5)
+
+
+def test_a_compiler_error_names_the_compiler(monkeypatch, tmp_path):
+    fake_cc = tmp_path / "cc"
+    fake_cc.write_text("#!/bin/sh\necho 'cc: error: unrecognized option' >&2\nexit 1\n")
+    fake_cc.chmod(0o755)
+    monkeypatch.setenv("ELASTIC_LOCAL_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", str(fake_cc))
+    monkeypatch.setattr(gemv, "_library", False)
+    with pytest.warns(UserWarning, match=r"cc failed: cc: error: unrecognized option"):
+        assert gemv.library() is None
+    assert not list((tmp_path / "cache" / "kernels").glob("*.so*"))  # no half-written library left
+
+
+def test_models_load_in_rows_layout_and_decode_like_torch_matmul(tmp_path, monkeypatch):
+    """With the kernels, CPU float32 weights stay [out, in] (no transposition at load); every budget decodes
+    the tokens torch's matmul gives (ELASTIC_LOCAL_CPU_LAYOUT=transposed, kernels off)."""
+    from test_compiled_decode import decode
+    from tiny import ALIGNED
+
+    from elastic_local.elastic.nest import nest
+    from elastic_local.engine.load import LAYOUT_ENV
+    from elastic_local.model.linear import Transposed
+
+    make_checkpoint(tmp_path / "parent", seed=3, **ALIGNED)
+    nested = nest(tmp_path / "parent", tmp_path / "nested", {"half": 0.5})
+    m = elastic_local.load(nested)
+    assert not any(isinstance(w, Transposed) for layer in m.net.layers for w in vars(layer.mixer).values())
+    monkeypatch.setenv(LAYOUT_ENV, "transposed")
+    m_torch = elastic_local.load(nested)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 96, (9,), generator=g), torch.randint(0, 96, (4,), generator=g)]
+    kernels = gemv.library()
+    with torch.inference_mode():
+        for name in m.budgets:
+            got_logits, got = decode(m.net, m.budget(name), prompts, 6)
+            monkeypatch.setattr(gemv, "_library", None)
+            want_logits, want = decode(m_torch.net, m_torch.budget(name), prompts, 6)
+            monkeypatch.setattr(gemv, "_library", kernels)
+            assert torch.equal(got, want), name
+            for a, b in zip(got_logits, want_logits):
+                torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
