@@ -115,7 +115,7 @@ def test_a_missing_compiler_warns_and_torch_runs(monkeypatch, tmp_path):
     monkeypatch.setenv("ELASTIC_LOCAL_HOME", str(tmp_path))  # nothing cached there
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setattr(gemv, "_library", False)
-    with pytest.warns(UserWarning, match="CPU decode kernels unavailable"):
+    with pytest.warns(UserWarning, match="CPU decode kernels unavailable.*no C compiler"):
         assert gemv.library() is None
     w = weight((32, 64))
     x = torch.randn(1, 64)
@@ -135,22 +135,41 @@ def test_a_compiler_error_names_the_compiler(monkeypatch, tmp_path):
     monkeypatch.setattr(gemv, "_library", False)
     with pytest.warns(UserWarning, match=r"cc failed: cc: error: unrecognized option"):
         assert gemv.library() is None
-    assert not list((tmp_path / "cache" / "kernels").glob("*.so*"))  # no half-written library left
+    assert not list((tmp_path / "cache" / "kernels").iterdir())  # no half-written library left
+
+
+def test_a_corrupt_cached_library_is_rebuilt(monkeypatch, tmp_path):
+    monkeypatch.setenv("ELASTIC_LOCAL_HOME", str(tmp_path))
+    monkeypatch.setattr(gemv, "_library", False)
+    cached = gemv.library_path()
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"\x7fELF" + bytes(60))  # a truncated build
+    lib = gemv.library()
+    assert lib is not None and cached.stat().st_size > 1000
+    w, x = weight((48, 64)), torch.randn(1, 64)
+    torch.testing.assert_close(gemv.matvec(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
 
 
 def test_models_load_in_rows_layout_and_decode_like_torch_matmul(tmp_path, monkeypatch):
-    """With the kernels, CPU float32 weights stay [out, in] (no transposition at load); every budget decodes
-    the tokens torch's matmul gives (ELASTIC_LOCAL_CPU_LAYOUT=transposed, kernels off)."""
+    """With the kernels and more than one thread, CPU float32 weights stay [out, in] (no transposition at
+    load); every budget decodes the tokens torch's matmul gives (the transposed layout, kernels off)."""
     from test_compiled_decode import decode
     from tiny import ALIGNED
 
     from elastic_local.elastic.nest import nest
-    from elastic_local.engine.load import LAYOUT_ENV
+    from elastic_local.engine.load import LAYOUT_ENV, cpu_layout
     from elastic_local.model.linear import Transposed
 
     make_checkpoint(tmp_path / "parent", seed=3, **ALIGNED)
     nested = nest(tmp_path / "parent", tmp_path / "nested", {"half": 0.5})
-    m = elastic_local.load(nested)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert cpu_layout() == "transposed"  # one thread: torch's matrix-vector product is the faster one
+        torch.set_num_threads(2)
+        m = elastic_local.load(nested)
+    finally:
+        torch.set_num_threads(threads)
     assert not any(isinstance(w, Transposed) for layer in m.net.layers for w in vars(layer.mixer).values())
     monkeypatch.setenv(LAYOUT_ENV, "transposed")
     m_torch = elastic_local.load(nested)

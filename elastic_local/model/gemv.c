@@ -5,12 +5,16 @@
  * the packed formats) apart, so an elastic budget's prefix view W[r0:r1, :K] of a wider weight streams
  * as it is: every row is K contiguous values. x and y are float32, contiguous; one thread per block of
  * output rows (one thread for small weights, where waking the others costs more than it saves). Each
- * returns 0, or -1 where a scratch buffer could not be allocated. The packed formats are decoded in registers, never written out:
+ * returns 0, or -1 where a scratch buffer could not be allocated.
+ *
+ * The packed formats are decoded in registers, never written out to memory:
  *   bf16   the top half of a float32
  *   fp8    e4m3 (NVIDIA Model Optimizer's per-tensor FP8): its fields shifted into an fp16, converted
  *   nvfp4  e2m1 codes, two per byte (low nibble first), one e4m3 scale per 16 inputs and one float
  *          scale per tensor (Model Optimizer's NVFP4)
- * Every decode is exact: the same products as dequantizing the weight to float32 first.
+ * Every decode is exact; products are summed in float32 (in another order than torch's matmul).
+ * With one row of x the decode feeds the products directly; with several, each weight row is decoded
+ * once into a scratch row that every row of x then reads.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -49,7 +53,9 @@ static inline float dot_f32(const float *x, const float *w, int64_t K) {
     return t;
 }
 
-static inline __m256 bf16_as_f32(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
+static inline __m256 bf16_as_f32(__m128i h) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
 
 static inline float dot_bf16(const float *x, const uint16_t *w, int64_t K) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
@@ -80,19 +86,25 @@ static inline float dot_fp8(const float *x, const uint8_t *w, int64_t K) { /* ti
     return t;
 }
 
-/* One block of 16 e2m1 codes (8 bytes) times 16 inputs. An e2m1 code's fp16 (of value / 2^14) has
-   bits only in its high byte, so one byte shuffle decodes the block; unpacking it against zero gives
-   the 8 even inputs' weights, then the 8 odd ones': x comes with each block of 16 permuted that way. */
-static inline __m256 block_nvfp4(const float *x, __m128i bytes) {
+/* One block of 16 e2m1 codes (8 bytes) -> the high bytes of their fp16s (of value / 2^14), the 8 even
+   inputs' codes first, then the 8 odd ones'. An e2m1 code's fp16 has bits only in its high byte, so one
+   byte shuffle decodes the block; unpacking it under zero bytes gives the fp16s. */
+static inline __m128i e2m1_high_bytes(__m128i bytes) {
     const __m128i lut = _mm_setr_epi8(0x00, 0x02, 0x04, 0x06, 0x08, 0x0A, 0x0C, 0x0E,
                                       (char)0x80, (char)0x82, (char)0x84, (char)0x86,
                                       (char)0x88, (char)0x8A, (char)0x8C, (char)0x8E);
     const __m128i low4 = _mm_set1_epi8(0x0F);
     __m128i codes = _mm_unpacklo_epi64(_mm_and_si128(bytes, low4), _mm_and_si128(_mm_srli_epi16(bytes, 4), low4));
-    __m128i high = _mm_shuffle_epi8(lut, codes);
-    __m256 even = _mm256_cvtph_ps(_mm_unpacklo_epi8(_mm_setzero_si128(), high));
-    __m256 odd = _mm256_cvtph_ps(_mm_unpackhi_epi8(_mm_setzero_si128(), high));
-    return _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), odd, _mm256_mul_ps(_mm256_loadu_ps(x), even));
+    return _mm_shuffle_epi8(lut, codes);
+}
+
+static inline __m256 even_f16(__m128i high) { return _mm256_cvtph_ps(_mm_unpacklo_epi8(_mm_setzero_si128(), high)); }
+static inline __m256 odd_f16(__m128i high) { return _mm256_cvtph_ps(_mm_unpackhi_epi8(_mm_setzero_si128(), high)); }
+
+/* One block times its 16 inputs; x comes with each block of 16 permuted: even inputs, then odd. */
+static inline __m256 block_nvfp4(const float *x, __m128i bytes) {
+    __m128i high = e2m1_high_bytes(bytes);
+    return _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), odd_f16(high), _mm256_mul_ps(_mm256_loadu_ps(x), even_f16(high)));
 }
 
 /* 8 e4m3 block scales -> 8 floats of value / 2^8 */
@@ -110,7 +122,8 @@ static inline float dot_nvfp4(const float *x, const uint8_t *w, const uint8_t *s
         for (int b = 0; b < 8; b += 2) {
             __m128i bytes = _mm_loadu_si128((const __m128i *)(w + k / 2 + b * 8));
             a0 = _mm256_fmadd_ps(block_nvfp4(x + k + b * 16, bytes), lane(s, b), a0);
-            a1 = _mm256_fmadd_ps(block_nvfp4(x + k + b * 16 + 16, _mm_unpackhi_epi64(bytes, bytes)), lane(s, b + 1), a1);
+            __m256 second = block_nvfp4(x + k + b * 16 + 16, _mm_unpackhi_epi64(bytes, bytes));
+            a1 = _mm256_fmadd_ps(second, lane(s, b + 1), a1);
         }
     }
     for (; k < K; k += 16)
@@ -132,22 +145,16 @@ static inline void decode_fp8(const uint8_t *w, int64_t K, float *out) { /* valu
 }
 
 static inline void decode_nvfp4(const uint8_t *w, const uint8_t *scales, int64_t K, float *out) { /* / 2^22 */
-    const __m128i lut = _mm_setr_epi8(0x00, 0x02, 0x04, 0x06, 0x08, 0x0A, 0x0C, 0x0E,
-                                      (char)0x80, (char)0x82, (char)0x84, (char)0x86,
-                                      (char)0x88, (char)0x8A, (char)0x8C, (char)0x8E);
-    const __m128i low4 = _mm_set1_epi8(0x0F);
     for (int64_t k = 0; k < K; k += 16) {
-        __m128i bytes = _mm_loadl_epi64((const __m128i *)(w + k / 2));
-        __m128i codes = _mm_unpacklo_epi64(_mm_and_si128(bytes, low4), _mm_and_si128(_mm_srli_epi16(bytes, 4), low4));
-        __m128i high = _mm_shuffle_epi8(lut, codes);
+        __m128i high = e2m1_high_bytes(_mm_loadl_epi64((const __m128i *)(w + k / 2)));
         __m256 s = _mm256_set1_ps(e4m3_scalar(scales[k / 16]));
-        _mm256_storeu_ps(out + k, _mm256_mul_ps(s, _mm256_cvtph_ps(_mm_unpacklo_epi8(_mm_setzero_si128(), high))));
-        _mm256_storeu_ps(out + k + 8, _mm256_mul_ps(s, _mm256_cvtph_ps(_mm_unpackhi_epi8(_mm_setzero_si128(), high))));
+        _mm256_storeu_ps(out + k, _mm256_mul_ps(s, even_f16(high)));
+        _mm256_storeu_ps(out + k + 8, _mm256_mul_ps(s, odd_f16(high)));
     }
 }
 
 int gemv_f32(const float *x, const float *w, float *y, int64_t M, int64_t N, int64_t K, int64_t ldw,
-              int threads) {
+             int threads) {
     PARALLEL
     for (int64_t n = 0; n < N; n++)
         for (int64_t m = 0; m < M; m++) y[m * N + n] = dot_f32(x + m * K, w + n * ldw, K);
@@ -155,7 +162,7 @@ int gemv_f32(const float *x, const float *w, float *y, int64_t M, int64_t N, int
 }
 
 int gemv_bf16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t N, int64_t K, int64_t ldw,
-               int threads) {
+              int threads) {
     PARALLEL
     for (int64_t n = 0; n < N; n++)
         for (int64_t m = 0; m < M; m++) y[m * N + n] = dot_bf16(x + m * K, w + n * ldw, K);

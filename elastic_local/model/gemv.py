@@ -48,26 +48,35 @@ _SIGNATURES = {
 
 def _compile(out: Path) -> str | None:
     """Build gemv.c into `out` (atomically: concurrent first runs each build and rename); None or why not."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        return "no C compiler found (set CC or install gcc)"
+    cc = os.environ.get("CC") or "cc"
+    if shutil.which(cc) is None:
+        return f"no C compiler: {cc!r} not found (install gcc, or set CC)"
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=out.parent)
     os.close(fd)
     why = ""
-    for openmp in (["-fopenmp"], []):  # a compiler without OpenMP (e.g. clang without libomp): one thread
-        done = subprocess.run([cc, *FLAGS, *openmp, str(SOURCE), "-o", tmp], capture_output=True, text=True)
-        if done.returncode == 0:
-            os.replace(tmp, out)
-            return None
-        if not why:
-            lines = done.stderr.strip().splitlines()
-            why = lines[-1] if lines else f"exit {done.returncode}"
-    os.unlink(tmp)
-    return f"{cc} failed: {why}"
+    try:
+        for openmp in (["-fopenmp"], []):  # a compiler without OpenMP (e.g. clang without libomp): one thread
+            done = subprocess.run([cc, *FLAGS, *openmp, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+            if done.returncode == 0:
+                os.replace(tmp, out)
+                return None
+            if not why:
+                lines = done.stderr.strip().splitlines()
+                why = lines[-1] if lines else f"exit {done.returncode}"
+        return f"{cc} failed: {why}"
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 _library: ctypes.CDLL | None | bool = False  # False: not looked for yet
+
+
+def library_path() -> Path:
+    """Where this version of gemv.c is built: one file per source and flags."""
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    return cache_dir() / "kernels" / f"gemv-{key}.so"
 
 
 def library() -> ctypes.CDLL | None:
@@ -84,13 +93,16 @@ def _load() -> ctypes.CDLL | None:
         return None
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         return None
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
-    path = cache_dir() / "kernels" / f"gemv-{key}.so"
-    try:
-        why = None if path.is_file() else _compile(path)
-        lib = None if why else ctypes.CDLL(str(path))
-    except OSError as e:
-        why = str(e)
+    path = library_path()
+    lib, why = None, None
+    for _ in range(2):  # a cached library that does not load (truncated, say) is rebuilt once
+        try:
+            why = None if path.is_file() else _compile(path)
+            lib = None if why else ctypes.CDLL(str(path))
+            break
+        except OSError as e:
+            why = f"{path}: {e}"
+            path.unlink(missing_ok=True)
     if why:
         warnings.warn(f"CPU decode kernels unavailable ({why}); decode uses torch's matmul, which is slower "
                       f"(FP8 / NVFP4 weights several times slower)", stacklevel=2)

@@ -56,6 +56,7 @@ ONEDNN_MAX_ROWS = 16
 
 
 def linear(x: torch.Tensor, w) -> torch.Tensor:
+    """x @ w.T for any weight: decode-sized CPU inputs on the decode kernels (gemv.py), then oneDNN, then torch."""
     if isinstance(w, torch.Tensor):
         if (w.dtype in (torch.float32, torch.bfloat16) and w.ndim == 2 and w.stride(1) == 1
                 and not w.requires_grad and gemv.usable(x)):
@@ -72,7 +73,8 @@ def linear(x: torch.Tensor, w) -> torch.Tensor:
 
 
 class Transposed:
-    """A float weight [.., out, in] kept as its transpose [.., in, out] (contiguous) for CPU inference.
+    """A float weight [.., out, in] kept as its transpose [.., in, out] (contiguous) for CPU inference
+    where the decode kernels (gemv.py) cannot run (engine/load.cpu_layout picks the layout).
 
     Batch-1 decode is matrix-vector products over the weights, so its speed is the speed at which the
     matmul streams them. `x @ t` walks the rows of t (one input channel's outputs each); a budget's view
