@@ -8,7 +8,8 @@ each format as stored, prefix views included, and decodes the packed ones in reg
 
 The library is built once per source version into the user's cache dir (`paths.cache_dir()/kernels`):
 `$CC` or `cc`, AVX2 + FMA + F16C, OpenMP (torch's own runtime, already loaded). Any other CPU, a missing
-compiler (a warning says so), or ELASTIC_LOCAL_CPU_GEMV=0: torch's matmul runs, with the same results.
+compiler (a warning says so), or ELASTIC_LOCAL_CPU_GEMV=0: torch's matmul runs (the same results up to
+float32 rounding: the kernels sum in another order).
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ SOURCE = Path(__file__).with_name("gemv.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fPIC", "-shared"]
 # Rows of x the kernels take: float weights up to MAX_ROWS (past that, torch's matmul, which reuses what
 # it loads across rows, is faster); packed weights up to MAX_PACKED_ROWS (each weight row is decoded once
-# and serves every row of x; torch's path dequantizes whole tiles first, which only a long prefill repays).
+# and serves every row of x; torch's path dequantizes whole tiles first). Measured on a 3608x768 weight,
+# 2 threads, kernel against torch's path: 1 row 37-97x, 16 rows 4-5x, 64 rows 1.3-3.1x.
 MAX_ROWS = 4
-MAX_PACKED_ROWS = 16
+MAX_PACKED_ROWS = 64
 
 _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 _SIGNATURES = {
