@@ -7,12 +7,14 @@ seed) and saved in the hub layout under benchmarks/_work/<config>/; every engine
 float32, and runs the same prompt (random token ids, fixed seed) greedily for exactly --new-tokens tokens:
 
     ours          elastic_local.load(...).forward(ids, cache=cache, last_only=True), prompt in one call,
-                  then one token per call, under torch.inference_mode(); decode steps on model/gemv.c
-    ours-torch    the same with the CPU decode kernels off (ELASTIC_LOCAL_CPU_GEMV=0's path: torch's
-                  matmul on the [in, out] layout): what the kernels change
+                  then one token per call, under torch.inference_mode() (float32 weights kept [in, out],
+                  torch's matmul)
+    ours-rows     the same with ELASTIC_LOCAL_CPU_LAYOUT=rows: weights kept [out, in], decode steps on
+                  the CPU decode kernels (model/gemv.c)
     ours-compiled the decode step compiled (load(compile=True))
     ours-fp8, ours-nvfp4  `ours` on the same weights quantized while loading (load(precision=...)),
-                  float32 compute, lm_head kept float32; against llama.cpp-q8_0 / -q4_0
+                  decode steps on the CPU decode kernels, float32 compute, lm_head kept float32;
+                  against llama.cpp-q8_0 / -q4_0
     transformers-loop  the same bare loop on transformers: model(ids, cache=cache, use_cache=True,
                   logits_to_keep=1) + argmax (like for like with ours: neither has generate()'s overhead)
     transformers  NemotronHForCausalLM.generate(greedy, use_cache, min_new_tokens = max_new_tokens): the
@@ -181,14 +183,12 @@ class OursEngine:
     name = "ours"
 
     def __init__(self, ckpt: Path, compile: bool = False, precision: str | None = None,
-                 kernels: bool = True) -> None:
+                 layout: str | None = None) -> None:
         import elastic_local
         from elastic_local.engine.load import LAYOUT_ENV
-        from elastic_local.model import gemv
 
-        self.kernels = gemv.library() if kernels else None
-        if not kernels:
-            os.environ[LAYOUT_ENV] = "transposed"
+        if layout is not None:
+            os.environ[LAYOUT_ENV] = layout
         try:
             self.model = elastic_local.load(str(ckpt), device="cpu", dtype=torch.float32, compile=compile,
                                             precision=precision)
@@ -200,17 +200,8 @@ class OursEngine:
             self.run(torch.tensor([[3, 4, 5, 6]]), 3)
             self.note = f"compiled in {time.perf_counter() - t0:.1f} s (cold)"
 
-    def run(self, prompt_ids: torch.Tensor, n_new: int) -> Timing:
-        from elastic_local.model import gemv
-
-        kernels, gemv._library = gemv._library, self.kernels  # this engine's choice, for its own runs only
-        try:
-            return self._run(prompt_ids, n_new)
-        finally:
-            gemv._library = kernels
-
     @torch.inference_mode()
-    def _run(self, prompt_ids: torch.Tensor, n_new: int) -> Timing:
+    def run(self, prompt_ids: torch.Tensor, n_new: int) -> Timing:
         t0 = time.perf_counter()
         cache = self.model.new_cache(batch_size=1)
         logits = self.model.forward(prompt_ids, cache=cache, last_only=True)  # [1, 1, V]
@@ -298,7 +289,7 @@ class LlamaCppEngine:
 
 ENGINES: dict[str, Callable[..., object]] = {
     "ours": lambda ckpt, n_ctx, threads: OursEngine(ckpt),
-    "ours-torch": lambda ckpt, n_ctx, threads: OursEngine(ckpt, kernels=False),
+    "ours-rows": lambda ckpt, n_ctx, threads: OursEngine(ckpt, layout="rows"),
     "ours-compiled": lambda ckpt, n_ctx, threads: OursEngine(ckpt, compile=True),
     "ours-fp8": lambda ckpt, n_ctx, threads: OursEngine(ckpt, precision="fp8"),
     "ours-nvfp4": lambda ckpt, n_ctx, threads: OursEngine(ckpt, precision="nvfp4"),
@@ -429,7 +420,7 @@ COMPARISONS = [  # (engine, engine, what the ratio compares)
         ("transformers-loop", "bare loop vs bare loop"),
         ("llama.cpp", "bare loop vs bare loop (Llama.eval + argmax)"),
         ("transformers", "bare loop vs generate(): not the same work"))),
-    ("ours", "ours-torch", "the CPU decode kernels vs torch's matmul"),
+    ("ours-rows", "ours", "CPU decode kernels on [out, in] vs torch's matmul on [in, out]"),
     ("ours-fp8", "llama.cpp-q8_0", "8-bit weights, lm_head float32 in both"),
     ("ours-nvfp4", "llama.cpp-q4_0", "4-bit weights, lm_head float32 in both"),
     ("ours-fp8", "ours", "FP8 vs float32 weights"),

@@ -20,6 +20,8 @@ Cached under benchmarks/_work/quant/. Then:
              the BF16 file's weights held in float32; bfloat16: held as stored). On an x86 CPU the decode
              steps of every precision run on model/gemv.c's kernels (quantized weights decoded in registers);
              `ELASTIC_LOCAL_CPU_GEMV=0` shows torch's path (quantized weights dequantized tile by tile).
+             `--decode-model gen`: on bench_generate.py's 136M nested model instead, FP8 / NVFP4 made
+             while loading (`load(dir, precision=...)`, the same numbers as a stored file).
   d. rss     on bench_nesting.py's ~107M-parameter nested checkpoint (built if missing) and its FP8 / NVFP4
              quantizations: memory of loading one budget (--rss-budget, default full) with dtype=bfloat16 from
              the BF16 file as BF16, with load-time FP8 / NVFP4 quantization (`load(bf16_dir, precision=...)`),
@@ -384,6 +386,9 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--reps", type=int, default=5, help="timed decode runs per (budget, precision)")
     p.add_argument("--decode-dtypes", default="float32,bfloat16", help="compute dtypes of the decode part")
+    p.add_argument("--decode-model", default="tiny", choices=("tiny", "gen"),
+                   help="decode part on the 17M model's stored files, or on bench_generate.py's 136M nested "
+                        "model (53M active) quantized while loading")
     p.add_argument("--rss-reps", type=int, default=1, help="fresh processes per RSS case (the minimum is kept)")
     p.add_argument("--rss-budget", default="full", help="budget of the ~107M model the RSS part loads")
     p.add_argument("--forward-tokens", type=int, default=64, help="tokens of the forward pass after loading (RSS)")
@@ -447,10 +452,18 @@ def main() -> None:
 
     if "decode" not in skip:
         summary["decode"] = {}
+        sources, decode_budgets = {p: (d, None) for p, d in dirs.items()}, budgets
+        if args.decode_model == "gen":
+            import bench_generate
+
+            gen = bench_generate.build()
+            sources = {p: (gen, None if p == "bf16" else p) for p in dirs}
+            decode_budgets = ["full", *bench_generate.BUDGETS]
         for dtype in args.decode_dtypes.split(","):
-            loaded = models if dtype == "float32" else {
-                prec: elastic_local.load(d, dtype=getattr(torch, dtype)) for prec, d in dirs.items()}
-            summary["decode"][dtype] = print_decode(decode_speed(loaded, budgets, args), args, dtype)
+            loaded = models if dtype == "float32" and args.decode_model == "tiny" else {
+                prec: elastic_local.load(d, dtype=getattr(torch, dtype), precision=q)
+                for prec, (d, q) in sources.items()}
+            summary["decode"][dtype] = print_decode(decode_speed(loaded, decode_budgets, args), args, dtype)
             del loaded
         lap("decode")
     del models

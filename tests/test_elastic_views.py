@@ -137,19 +137,16 @@ def _check(tmp_path, drop_layer):
 
 @pytest.mark.parametrize("layout", ["transposed", "rows"])
 def test_reduced_sizes_equal_a_physically_sliced_checkpoint(tmp_path, monkeypatch, layout):
-    """Both CPU weight layouts ([out, in] with the decode kernels, [in, out] without)."""
+    """Both CPU weight layouts (the default [in, out] one and ELASTIC_LOCAL_CPU_LAYOUT=rows, whose decode
+    steps run on the CPU decode kernels)."""
     from elastic_local.engine.load import LAYOUT_ENV
 
     monkeypatch.setenv(LAYOUT_ENV, layout)
     _check(tmp_path, drop_layer=None)
 
 
-def test_transposed_cpu_layout_keeps_budgets_as_views_and_input_cuts_contiguous(tmp_path, monkeypatch):
-    """The layout CPUs without the decode kernels (model/gemv.py) get."""
-    from elastic_local.engine.load import LAYOUT_ENV
+def test_cpu_layout_keeps_budgets_as_views_and_input_cuts_contiguous(tmp_path):
     from elastic_local.model.linear import Transposed, block
-
-    monkeypatch.setenv(LAYOUT_ENV, "transposed")
 
     make_checkpoint(tmp_path, seed=5, hybrid_override_pattern=PATTERN, n_groups=2, mamba_num_heads=8,
                     num_attention_heads=4, num_key_value_heads=2)

@@ -9,7 +9,6 @@ import torch
 
 from ..checkpoint.load import load_network
 from ..elastic.table import read_budgets
-from ..model import gemv
 from ..model.config import NemotronHConfig
 from ..model.schema import stored_budget
 from ..paths import default_model
@@ -18,20 +17,17 @@ from .chat import ChatTemplate
 from .elastic_model import ElasticModel
 from .tokenizer import Tokenizer
 
-LAYOUT_ENV = "ELASTIC_LOCAL_CPU_LAYOUT"  # "rows" or "transposed": force a CPU float32 weight layout
+LAYOUT_ENV = "ELASTIC_LOCAL_CPU_LAYOUT"  # "rows": keep CPU float32 weights [out, in] (cpu_layout says why)
 
 
 def cpu_layout() -> str:
-    """How CPU float32 weights are kept: "rows" ([out, in], as stored), whose row-prefix views the decode
-    kernels (model/gemv.py) stream, where the kernels run and torch has more than one thread; else
-    "transposed" ([in, out], model/linear.Transposed) for torch's matmul. Measured (README, CPU decode
-    kernels): on two threads the kernels decode 1.08-1.23x faster than torch's matrix-vector product
-    (which hardly gains from a second thread); on one thread torch's is faster (0.73-1.0x).
-    LAYOUT_ENV overrides."""
-    forced = os.environ.get(LAYOUT_ENV)
-    if forced in ("rows", "transposed"):
-        return forced
-    return "rows" if gemv.library() is not None and torch.get_num_threads() > 1 else "transposed"
+    """How CPU float32 weights are kept: "transposed" ([in, out], model/linear.Transposed) for torch's
+    matmul by default, or "rows" ([out, in], as stored) for the decode kernels (model/gemv.py). Measured
+    (README, CPU decode kernels): rows + kernels decode full budgets 1.2-1.3x faster on two threads, but
+    a hidden-size cut leaves every row of [out, in] partly read and the small budgets lose that
+    (demo 0.90x, 136M model 0.97x, budget efficiency 0.49 against 0.67); on one thread torch's
+    matrix-vector product is the faster one. LAYOUT_ENV picks."""
+    return "rows" if os.environ.get(LAYOUT_ENV) == "rows" else "transposed"
 
 
 def load(path: str | Path | None = None, budget: str | None = None, precision: str | None = None,
