@@ -9,7 +9,7 @@ benchmarks/_work/gen/). Each is loaded in float32 once per variant:
     torch     the default: weights kept [in, out] (`linear.Transposed`), torch's matmul
     kernels   ELASTIC_LOCAL_CPU_LAYOUT=rows: weights kept [out, in] as stored, decode steps on the CPU
               decode kernels (model/gemv.c), which read a budget's prefix views in place
-    compiled  (--compile) the default with the decode step compiled (`load(compile=True)`) (`load(compile=True)`), each budget
+    compiled  (--compile) the default with the decode step compiled (`load(compile=True)`), each budget
               compiled in the warm-up
 Batch-1 greedy decode of --new-tokens tokens after a 32-token prompt, eos ignored, through
 `m.generate`; runs interleaved (rep, budget, variant) because the machine is shared and noisy; medians.
