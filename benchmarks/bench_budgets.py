@@ -6,9 +6,9 @@
 Models: the embedded demo model (5.6M parameters, budgets full / mid / small) and bench_generate.py's
 ~136M random nested model (full / mid / small at 60% and 35% of the parameters; built once under
 benchmarks/_work/gen/). Each is loaded in float32 once per variant:
-    torch     the default: weights kept [in, out] (`linear.Transposed`), torch's matmul
-    kernels   ELASTIC_LOCAL_CPU_LAYOUT=rows: weights kept [out, in] as stored, decode steps on the CPU
-              decode kernels (model/gemv.c), which read a budget's prefix views in place
+    torch     weights kept [in, out] (`linear.Transposed`), torch's matmul (ELASTIC_LOCAL_CPU_GEMV=0)
+    kernels   the default: the same layout, decode steps on the CPU decode kernels (model/gemv.c)
+    rows      ELASTIC_LOCAL_CPU_LAYOUT=rows: weights kept [out, in] as stored, on the kernels
     compiled  (--compile) the default with the decode step compiled (`load(compile=True)`), each budget
               compiled in the warm-up
 Batch-1 greedy decode of --new-tokens tokens after a 32-token prompt, eos ignored, through
@@ -37,7 +37,7 @@ def load(path: Path | None, variant: str):
     import elastic_local
     from elastic_local.engine.load import LAYOUT_ENV
 
-    os.environ[LAYOUT_ENV] = "rows" if variant == "kernels" else "transposed"
+    os.environ[LAYOUT_ENV] = "rows" if variant == "rows" else "transposed"
     try:
         return elastic_local.load(path, dtype=torch.float32, compile=variant == "compiled")
     finally:
@@ -69,7 +69,7 @@ def bench(name: str, path: Path | None, args) -> dict:
 
     if gemv.library() is None:
         raise SystemExit("the CPU decode kernels are unavailable here (see the warning): nothing to compare")
-    variants = ("torch", "kernels") + (("compiled",) if args.compile else ())
+    variants = ("torch", "kernels", "rows") + (("compiled",) if args.compile else ())
     models = {v: load(path, v) for v in variants}
     budgets = models["kernels"].budgets
     ref = torch.tensor([list(range(20, 52))])
@@ -93,6 +93,7 @@ def bench(name: str, path: Path | None, args) -> dict:
             speedup = tok_s / median(runs[v, full])
             row[v] = {"tok_s": tok_s, "speedup": speedup, "efficiency": speedup / ideal}
         row["kernels_over_torch"] = row["kernels"]["tok_s"] / row["torch"]["tok_s"]
+        row["rows_over_torch"] = row["rows"]["tok_s"] / row["torch"]["tok_s"]
         if "compiled" in variants:
             row["compiled_over_torch"] = row["compiled"]["tok_s"] / row["torch"]["tok_s"]
         rows.append(row)
@@ -126,11 +127,12 @@ def main() -> None:
         variants = res["variants"]
         print(f"{'model':6} {'budget':7} {'read/token':>10} {'ideal':>6} | "
               + " | ".join(f"{v + ' tok/s':>14} {'speed-up':>8} {'eff.':>5}" for v in variants)
-              + f" | {'kernels/torch':>13}" + (f" | {'compiled/torch':>14}" if "compiled" in variants else ""))
+              + f" | {'kernels/torch':>13} | {'rows/torch':>10}"
+              + (f" | {'compiled/torch':>14}" if "compiled" in variants else ""))
         for r in res["rows"]:
             cells = [f"{r[v]['tok_s']:14.1f} {r[v]['speedup']:7.2f}x {r[v]['efficiency']:5.2f}" for v in variants]
             print(f"{name:6} {r['budget']:7} {r['read_bytes'] / 2**20:8.1f}MB {r['ideal_speedup']:5.2f}x | "
-                  + " | ".join(cells) + f" | {r['kernels_over_torch']:12.2f}x"
+                  + " | ".join(cells) + f" | {r['kernels_over_torch']:12.2f}x | {r['rows_over_torch']:9.2f}x"
                   + (f" | {r['compiled_over_torch']:13.2f}x" if "compiled" in variants else ""))
         print(f"{name:6} max |logit difference| between kernels and torch: {res['max_logit_diff']:.2e}")
     print(json.dumps({"args": vars(args), "results": results}))

@@ -7,10 +7,10 @@ seed) and saved in the hub layout under benchmarks/_work/<config>/; every engine
 float32, and runs the same prompt (random token ids, fixed seed) greedily for exactly --new-tokens tokens:
 
     ours          elastic_local.load(...).forward(ids, cache=cache, last_only=True), prompt in one call,
-                  then one token per call, under torch.inference_mode() (float32 weights kept [in, out],
-                  torch's matmul)
-    ours-rows     the same with ELASTIC_LOCAL_CPU_LAYOUT=rows: weights kept [out, in], decode steps on
-                  the CPU decode kernels (model/gemv.c)
+                  then one token per call, under torch.inference_mode(); float32 weights kept [in, out],
+                  decode steps on the CPU decode kernels (model/gemv.c)
+    ours-torch    the same with the kernels off (ELASTIC_LOCAL_CPU_GEMV=0): torch's matmul
+    ours-rows     ELASTIC_LOCAL_CPU_LAYOUT=rows: weights kept [out, in], on the kernels
     ours-compiled the decode step compiled (load(compile=True))
     ours-fp8, ours-nvfp4  `ours` on the same weights quantized while loading (load(precision=...)),
                   decode steps on the CPU decode kernels, float32 compute, lm_head kept float32;
@@ -183,10 +183,12 @@ class OursEngine:
     name = "ours"
 
     def __init__(self, ckpt: Path, compile: bool = False, precision: str | None = None,
-                 layout: str | None = None) -> None:
+                 layout: str | None = None, kernels: bool = True) -> None:
         import elastic_local
         from elastic_local.engine.load import LAYOUT_ENV
+        from elastic_local.model import gemv
 
+        self.kernels = gemv.library() if kernels else None
         if layout is not None:
             os.environ[LAYOUT_ENV] = layout
         try:
@@ -200,8 +202,17 @@ class OursEngine:
             self.run(torch.tensor([[3, 4, 5, 6]]), 3)
             self.note = f"compiled in {time.perf_counter() - t0:.1f} s (cold)"
 
-    @torch.inference_mode()
     def run(self, prompt_ids: torch.Tensor, n_new: int) -> Timing:
+        from elastic_local.model import gemv
+
+        kernels, gemv._library = gemv._library, self.kernels  # this engine's choice, for its own runs
+        try:
+            return self._run(prompt_ids, n_new)
+        finally:
+            gemv._library = kernels
+
+    @torch.inference_mode()
+    def _run(self, prompt_ids: torch.Tensor, n_new: int) -> Timing:
         t0 = time.perf_counter()
         cache = self.model.new_cache(batch_size=1)
         logits = self.model.forward(prompt_ids, cache=cache, last_only=True)  # [1, 1, V]
@@ -289,6 +300,7 @@ class LlamaCppEngine:
 
 ENGINES: dict[str, Callable[..., object]] = {
     "ours": lambda ckpt, n_ctx, threads: OursEngine(ckpt),
+    "ours-torch": lambda ckpt, n_ctx, threads: OursEngine(ckpt, kernels=False),
     "ours-rows": lambda ckpt, n_ctx, threads: OursEngine(ckpt, layout="rows"),
     "ours-compiled": lambda ckpt, n_ctx, threads: OursEngine(ckpt, compile=True),
     "ours-fp8": lambda ckpt, n_ctx, threads: OursEngine(ckpt, precision="fp8"),
@@ -420,7 +432,8 @@ COMPARISONS = [  # (engine, engine, what the ratio compares)
         ("transformers-loop", "bare loop vs bare loop"),
         ("llama.cpp", "bare loop vs bare loop (Llama.eval + argmax)"),
         ("transformers", "bare loop vs generate(): not the same work"))),
-    ("ours-rows", "ours", "CPU decode kernels on [out, in] vs torch's matmul on [in, out]"),
+    ("ours", "ours-torch", "CPU decode kernels vs torch's matmul, both on [in, out]"),
+    ("ours-rows", "ours", "CPU decode kernels on [out, in] vs on [in, out]"),
     ("ours-fp8", "llama.cpp-q8_0", "8-bit weights, lm_head float32 in both"),
     ("ours-nvfp4", "llama.cpp-q4_0", "4-bit weights, lm_head float32 in both"),
     ("ours-fp8", "ours", "FP8 vs float32 weights"),

@@ -46,6 +46,21 @@ def test_float_matvec_equals_torch_matmul(shape, rows, dtype):
     torch.testing.assert_close(y, ref, rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 4])
+@pytest.mark.parametrize("shape", SHAPES + FLOAT_ONLY_SHAPES + [(5000, 700)])
+def test_transposed_float32_weights_and_their_budget_views_equal_torch_matmul(shape, rows):
+    """The default CPU layout ([in, out]): the whole weight, and a block of it (rows r0:r1, first cols)."""
+    from elastic_local.model.linear import Transposed
+
+    out, k = shape
+    t = Transposed.of(weight(shape, seed=4))
+    x = torch.randn(rows, 1, k)
+    for view, xs in ((t, x), (t.block(out // 4, out - out // 8, (k + 1) // 2), x[..., :(k + 1) // 2])):
+        y = view.linear(xs)
+        assert y.shape == (rows, 1, view.shape[0])
+        torch.testing.assert_close(y, xs @ view.t, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("rows", [1, 3, gemv.MAX_PACKED_ROWS])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_fp8_and_nvfp4_equal_the_dequantized_matmul(shape, rows):
@@ -101,14 +116,18 @@ def test_budget_prefix_views_stream_without_copies(quantize):
 
 
 def test_more_rows_than_a_decode_step_take_torch_matmul(monkeypatch):
+    from elastic_local.model.linear import Transposed
+
     w = weight((64, 64))
     called = []
     monkeypatch.setattr(gemv, "matvec", lambda x, w: called.append(x.shape) or F.linear(x, w))
-    linear(torch.randn(gemv.MAX_ROWS, 64), w)
-    linear(torch.randn(gemv.MAX_ROWS + 1, 64), w)
+    monkeypatch.setattr(gemv, "matvec_t", lambda x, t: called.append(("t", *x.shape)) or x @ t)
+    for layout in (w, Transposed.of(w)):
+        linear(torch.randn(gemv.MAX_ROWS, 64), layout)
+        linear(torch.randn(gemv.MAX_ROWS + 1, 64), layout)
     w.requires_grad_(True)  # training: autograd needs torch's op
     linear(torch.randn(1, 64), w)
-    assert called == [(gemv.MAX_ROWS, 64)]
+    assert called == [(gemv.MAX_ROWS, 64), ("t", gemv.MAX_ROWS, 64)]
 
 
 def test_a_missing_compiler_warns_and_torch_runs(monkeypatch, tmp_path):
@@ -150,9 +169,9 @@ def test_a_corrupt_cached_library_is_rebuilt(monkeypatch, tmp_path):
     torch.testing.assert_close(gemv.matvec(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
 
 
-def test_the_rows_layout_decodes_every_budget_like_torch_matmul(tmp_path, monkeypatch):
-    """ELASTIC_LOCAL_CPU_LAYOUT=rows keeps CPU float32 weights [out, in] for the kernels (the default keeps
-    them [in, out] for torch's matmul); every budget decodes the tokens of the default with kernels off."""
+def test_both_layouts_decode_every_budget_like_torch_matmul(tmp_path, monkeypatch):
+    """Both CPU float32 layouts on the kernels (the default [in, out] and ELASTIC_LOCAL_CPU_LAYOUT=rows):
+    every budget decodes the tokens of the default layout with the kernels off (torch's matmul)."""
     from test_compiled_decode import decode
     from tiny import ALIGNED
 
@@ -166,19 +185,20 @@ def test_the_rows_layout_decodes_every_budget_like_torch_matmul(tmp_path, monkey
     def transposed(m) -> bool:
         return any(isinstance(w, Transposed) for layer in m.net.layers for w in vars(layer.mixer).values())
 
-    m_torch = elastic_local.load(nested)
+    m_default = elastic_local.load(nested)
     monkeypatch.setenv(LAYOUT_ENV, "rows")
-    m = elastic_local.load(nested)
-    assert transposed(m_torch) and not transposed(m)
+    m_rows = elastic_local.load(nested)
+    assert transposed(m_default) and not transposed(m_rows)
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 96, (9,), generator=g), torch.randint(0, 96, (4,), generator=g)]
     kernels = gemv.library()
     with torch.inference_mode():
-        for name in m.budgets:
-            got_logits, got = decode(m.net, m.budget(name), prompts, 6)
+        for name in m_default.budgets:
             monkeypatch.setattr(gemv, "_library", None)
-            want_logits, want = decode(m_torch.net, m_torch.budget(name), prompts, 6)
+            want_logits, want = decode(m_default.net, m_default.budget(name), prompts, 6)
             monkeypatch.setattr(gemv, "_library", kernels)
-            assert torch.equal(got, want), name
-            for a, b in zip(got_logits, want_logits):
-                torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+            for m in (m_default, m_rows):
+                got_logits, got = decode(m.net, m.budget(name), prompts, 6)
+                assert torch.equal(got, want), name
+                for a, b in zip(got_logits, want_logits):
+                    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

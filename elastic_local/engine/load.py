@@ -21,12 +21,10 @@ LAYOUT_ENV = "ELASTIC_LOCAL_CPU_LAYOUT"  # "rows": keep CPU float32 weights [out
 
 
 def cpu_layout() -> str:
-    """How CPU float32 weights are kept: "transposed" ([in, out], model/linear.Transposed) for torch's
-    matmul by default, or "rows" ([out, in], as stored) for the decode kernels (model/gemv.py). Measured
-    (README, CPU decode kernels): rows + kernels decode full budgets 1.2-1.3x faster on two threads, but
-    a hidden-size cut leaves every row of [out, in] partly read and the small budgets lose that
-    (demo 0.90x, 136M model 0.97x, budget efficiency 0.49 against 0.67); on one thread torch's
-    matrix-vector product is the faster one. LAYOUT_ENV picks."""
+    """How CPU float32 weights are kept: "transposed" ([in, out], model/linear.Transposed) by default, or
+    "rows" ([out, in], as stored). Decode steps run on the CPU decode kernels (model/gemv.py) in both;
+    [in, out] keeps a hidden-size cut contiguous (the hidden size is the input of the largest weights),
+    where [out, in] leaves every row partly read and its small budgets lose (README, CPU decode kernels)."""
     return "rows" if os.environ.get(LAYOUT_ENV) == "rows" else "transposed"
 
 

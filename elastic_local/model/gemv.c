@@ -13,12 +13,19 @@
  *   nvfp4  e2m1 codes, two per byte (low nibble first), one e4m3 scale per 16 inputs and one float
  *          scale per tensor (Model Optimizer's NVFP4)
  * Every decode is exact; products are summed in float32 (in another order than torch's matmul).
+ *
+ * gemv_t_f32 takes a float32 weight kept transposed, T = W^T [K, ldt] (model/linear.Transposed): a
+ * budget's view T[:K, r0:r1] is K row segments. Each thread owns a slice of the outputs, keeps them in
+ * its cache and adds four rows of T at a time into them: four streams, no horizontal sums.
  * With one row of x the decode feeds the products directly; with several, each weight row is decoded
  * once into a scratch row that every row of x then reads.
  */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #define PARALLEL _Pragma("omp parallel for num_threads(threads) schedule(static) if (N * K >= 65536)")
 
@@ -158,6 +165,43 @@ int gemv_f32(const float *x, const float *w, float *y, int64_t M, int64_t N, int
     PARALLEL
     for (int64_t n = 0; n < N; n++)
         for (int64_t m = 0; m < M; m++) y[m * N + n] = dot_f32(x + m * K, w + n * ldw, K);
+    return 0;
+}
+
+int gemv_t_f32(const float *x, const float *t, float *y, int64_t M, int64_t N, int64_t K, int64_t ldt,
+               int threads) {
+    #pragma omp parallel num_threads(threads) if (N * K >= 65536)
+    {
+        int64_t parts = 1, part = 0;
+#ifdef _OPENMP
+        parts = omp_get_num_threads(), part = omp_get_thread_num();
+#endif
+        int64_t chunk = ((N + parts - 1) / parts + 7) / 8 * 8;
+        int64_t n0 = part * chunk < N ? part * chunk : N, n1 = n0 + chunk < N ? n0 + chunk : N;
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = n0; n < n1; n++) y[m * N + n] = 0.f;
+        int64_t k = 0;
+        for (; k + 4 <= K; k += 4) {
+            const float *t0 = t + k * ldt, *t1 = t0 + ldt, *t2 = t1 + ldt, *t3 = t2 + ldt;
+            for (int64_t m = 0; m < M; m++) {
+                const float *xm = x + m * K;
+                float *ym = y + m * N;
+                __m256 x0 = _mm256_set1_ps(xm[k]), x1 = _mm256_set1_ps(xm[k + 1]);
+                __m256 x2 = _mm256_set1_ps(xm[k + 2]), x3 = _mm256_set1_ps(xm[k + 3]);
+                int64_t n = n0;
+                for (; n + 8 <= n1; n += 8) {
+                    __m256 acc = _mm256_fmadd_ps(x0, _mm256_loadu_ps(t0 + n), _mm256_loadu_ps(ym + n));
+                    acc = _mm256_fmadd_ps(x1, _mm256_loadu_ps(t1 + n), acc);
+                    acc = _mm256_fmadd_ps(x2, _mm256_loadu_ps(t2 + n), acc);
+                    _mm256_storeu_ps(ym + n, _mm256_fmadd_ps(x3, _mm256_loadu_ps(t3 + n), acc));
+                }
+                for (; n < n1; n++) ym[n] += xm[k] * t0[n] + xm[k + 1] * t1[n] + xm[k + 2] * t2[n] + xm[k + 3] * t3[n];
+            }
+        }
+        for (; k < K; k++)
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t n = n0; n < n1; n++) y[m * N + n] += x[m * K + k] * t[k * ldt + n];
+    }
     return 0;
 }
 

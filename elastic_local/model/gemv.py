@@ -42,6 +42,7 @@ MAX_PACKED_ROWS = 64
 _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 _SIGNATURES = {
     "gemv_f32": [_P, _P, _P, _I, _I, _I, _I, _C],
+    "gemv_t_f32": [_P, _P, _P, _I, _I, _I, _I, _C],
     "gemv_bf16": [_P, _P, _P, _I, _I, _I, _I, _C],
     "gemv_fp8": [_P, _P, _P, _I, _I, _I, _I, _F, _C],
     "gemv_nvfp4": [_P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _C],
@@ -144,6 +145,11 @@ def matvec(x: Tensor, w: Tensor) -> Tensor:
     return _call(kernel, x, w.shape[0], (w.data_ptr(),), (w.stride(0),))
 
 
+def matvec_t(x: Tensor, t: Tensor) -> Tensor:
+    """x @ t for a float32 weight kept transposed, t [in, out] (rows contiguous: budgets' views are)."""
+    return _call(_library.gemv_t_f32, x, t.shape[1], (t.data_ptr(),), (t.stride(0),))
+
+
 @torch.library.custom_op("elastic_local::matvec", mutates_args=())
 def matvec_op(x: Tensor, w: Tensor) -> Tensor:
     """`matvec` as an op a compiled decode step calls (inductor leaves it opaque)."""
@@ -153,6 +159,17 @@ def matvec_op(x: Tensor, w: Tensor) -> Tensor:
 @matvec_op.register_fake
 def _(x: Tensor, w: Tensor) -> Tensor:
     return x.new_empty(*x.shape[:-1], w.shape[0])
+
+
+@torch.library.custom_op("elastic_local::matvec_t", mutates_args=())
+def matvec_t_op(x: Tensor, t: Tensor) -> Tensor:
+    """`matvec_t` as an op a compiled decode step calls."""
+    return matvec_t(x, t)
+
+
+@matvec_t_op.register_fake
+def _(x: Tensor, t: Tensor) -> Tensor:
+    return x.new_empty(*x.shape[:-1], t.shape[1])
 
 
 def fp8(x: Tensor, codes: Tensor, scale: float) -> Tensor:

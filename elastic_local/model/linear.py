@@ -56,7 +56,7 @@ ONEDNN_MAX_ROWS = 16
 
 
 def linear(x: torch.Tensor, w) -> torch.Tensor:
-    """x @ w.T for any weight: decode-sized CPU inputs on the decode kernels (gemv.py), then oneDNN, then torch."""
+    """x @ w.T for any weight: decode-sized CPU inputs on the decode kernels (gemv.py), else oneDNN or torch."""
     if isinstance(w, torch.Tensor):
         if (w.dtype in (torch.float32, torch.bfloat16) and w.ndim == 2 and w.stride(1) == 1
                 and not w.requires_grad and gemv.usable(x)):
@@ -74,7 +74,8 @@ def linear(x: torch.Tensor, w) -> torch.Tensor:
 
 class Transposed:
     """A float weight [.., out, in] kept as its transpose [.., in, out] (contiguous) for CPU inference
-    where the decode kernels (gemv.py) cannot run (engine/load.cpu_layout picks the layout).
+    (engine/load.cpu_layout). Decode-sized inputs run on the decode kernels' gemv_t_f32 (gemv.py), others
+    on torch's `x @ t`.
 
     Batch-1 decode is matrix-vector products over the weights, so its speed is the speed at which the
     matmul streams them. `x @ t` walks the rows of t (one input channel's outputs each); a budget's view
@@ -109,7 +110,10 @@ class Transposed:
         return Transposed(self.t[:cols, r0:r1])
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.t
+        t = self.t
+        if t.dtype == torch.float32 and t.stride(1) == 1 and gemv.usable(x):
+            return gemv.matvec_t_op(x, t) if torch.compiler.is_compiling() else gemv.matvec_t(x, t)
+        return x @ t
 
 
 class RowConcat:
