@@ -158,7 +158,7 @@ def test_cpu_layout_keeps_budgets_as_views_and_input_cuts_contiguous(tmp_path):
     cut = block(down, 0, 32, 16)  # fewer MLP channels: an input cut of the down projection
     assert cut.t.is_contiguous() and cut.t.untyped_storage().data_ptr() == down.t.untyped_storage().data_ptr()
     x = torch.randn(3, 16)
-    torch.testing.assert_close(cut.linear(x), x @ down.t[:16], atol=0, rtol=0)
+    torch.testing.assert_close(cut.linear(x), x @ down.t[:16], atol=1e-6, rtol=1e-5)  # kernels sum in another order
     view = block(up, 0, 16, 24)  # an output and an input cut: a strided view, still no copy
     assert view.t.untyped_storage().data_ptr() == up.t.untyped_storage().data_ptr()
     m.net.forward(torch.tensor([[1, 2, 3]]), budget_for(m.config, None))
