@@ -9,7 +9,7 @@ import torch
 
 from ..checkpoint.files import CheckpointError, index_tensors
 from ..checkpoint.offers import offers
-from ..model import kernels
+from ..model import gemv, kernels
 from ..model.budget import count_params
 from ..model.config import BLOCK_KINDS, NemotronHConfig
 from ..model.cost import NATIVE_CAPABILITY, runs_natively
@@ -69,11 +69,16 @@ def describe(path: str | Path) -> dict:
 def _linear_kernel(precision: str, device: str) -> str:
     """The matmul path the stored precision takes on `device`, by the gates the runtime uses
     (quant/linear.py, model/cost.py): the ones `fit` plans with."""
+    dev = torch.device(device)
+    cpu_decode = dev.type == "cpu" and gemv.library() is not None  # model/gemv.py: x86 CPUs with a C compiler
     if precision == "bf16":
-        return "dense (oneDNN / cuBLAS)"
-    k, dev = kernels.active(), torch.device(device)
+        return "dense (decode: CPU decode kernels, model/gemv.c; prefill: torch)" if cpu_decode else \
+            "dense (oneDNN / cuBLAS)"
+    k = kernels.active()
     cap = k.capability(dev) if k.op("scaled_mm", dev) is not None else None
     if runs_natively(precision, cap):
         return f"{precision} scaled_mm (compute capability {cap[0]}.{cap[1]})"
+    if cpu_decode:
+        return "dequantize in registers for decode (CPU decode kernels, model/gemv.c), inside the matmul for prefill"
     need = NATIVE_CAPABILITY[precision]
     return f"dequantize inside the matmul ({precision} needs compute capability {need[0]}.{need[1]}+ to run natively)"
