@@ -120,14 +120,14 @@ def test_more_rows_than_a_decode_step_take_torch_matmul(monkeypatch):
 
     w = weight((64, 64))
     called = []
-    monkeypatch.setattr(gemv, "matvec", lambda x, w: called.append(x.shape) or F.linear(x, w))
-    monkeypatch.setattr(gemv, "matvec_t", lambda x, t: called.append(("t", *x.shape)) or x @ t)
+    monkeypatch.setattr(gemv, "matvec", lambda x, w, transposed=False: called.append((transposed, *x.shape))
+                        or (x @ w if transposed else F.linear(x, w)))
     for layout in (w, Transposed.of(w)):
         linear(torch.randn(gemv.MAX_ROWS, 64), layout)
         linear(torch.randn(gemv.MAX_ROWS + 1, 64), layout)
     w.requires_grad_(True)  # training: autograd needs torch's op
     linear(torch.randn(1, 64), w)
-    assert called == [(gemv.MAX_ROWS, 64), ("t", gemv.MAX_ROWS, 64)]
+    assert called == [(False, gemv.MAX_ROWS, 64), (True, gemv.MAX_ROWS, 64)]
 
 
 def test_a_missing_compiler_warns_and_torch_runs(monkeypatch, tmp_path):
@@ -191,14 +191,19 @@ def test_both_layouts_decode_every_budget_like_torch_matmul(tmp_path, monkeypatc
     assert transposed(m_default) and not transposed(m_rows)
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 96, (9,), generator=g), torch.randint(0, 96, (4,), generator=g)]
-    kernels = gemv.library()
+    kernels, calls, matvec = gemv.library(), [], gemv.matvec
+    monkeypatch.setattr(gemv, "matvec", lambda x, w, transposed=False: calls.append(transposed)
+                        or matvec(x, w, transposed))
     with torch.inference_mode():
         for name in m_default.budgets:
             monkeypatch.setattr(gemv, "_library", None)
             want_logits, want = decode(m_default.net, m_default.budget(name), prompts, 6)
+            assert not calls  # the reference is torch's path throughout
             monkeypatch.setattr(gemv, "_library", kernels)
-            for m in (m_default, m_rows):
+            for m, transposed in ((m_default, True), (m_rows, False)):
                 got_logits, got = decode(m.net, m.budget(name), prompts, 6)
+                assert transposed in calls, "the decode steps did not reach the kernels"
+                calls.clear()
                 assert torch.equal(got, want), name
                 for a, b in zip(got_logits, want_logits):
                     torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

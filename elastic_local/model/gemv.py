@@ -123,7 +123,7 @@ def serves(device: torch.device, rows: int, max_rows: int = MAX_ROWS) -> bool:
 
 def usable(x: Tensor, max_rows: int = MAX_ROWS) -> bool:
     """Whether x (a CPU activation of a few rows) goes to the kernels."""
-    return x.device.type == "cpu" and x.numel() <= max_rows * x.shape[-1] and library() is not None
+    return serves(x.device, x.numel() // x.shape[-1], max_rows)
 
 
 # The wrappers below run ~70 times per decoded token: each torch call they avoid is a microsecond or two.
@@ -139,37 +139,28 @@ def _call(kernel, x: Tensor, n: int, weights: tuple, layout: tuple) -> Tensor:
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
-def matvec(x: Tensor, w: Tensor) -> Tensor:
-    """x @ w.T for a float32 / bfloat16 weight whose rows are contiguous (prefix views are)."""
+def matvec(x: Tensor, w: Tensor, transposed: bool = False) -> Tensor:
+    """x @ w.T for a float32 / bfloat16 weight w [out, in]; with `transposed`, x @ w for a float32 weight
+    kept transposed, w [in, out] (linear.Transposed). Rows contiguous: budgets' prefix views are. Inside a
+    compiled decode step it is an op that inductor leaves opaque."""
+    return (_matvec_op if torch.compiler.is_compiling() else _matvec)(x, w, transposed)
+
+
+def _matvec(x: Tensor, w: Tensor, transposed: bool) -> Tensor:
+    if transposed:
+        return _call(_library.gemv_t_f32, x, w.shape[1], (w.data_ptr(),), (w.stride(0),))
     kernel = _library.gemv_f32 if w.dtype == torch.float32 else _library.gemv_bf16
     return _call(kernel, x, w.shape[0], (w.data_ptr(),), (w.stride(0),))
 
 
-def matvec_t(x: Tensor, t: Tensor) -> Tensor:
-    """x @ t for a float32 weight kept transposed, t [in, out] (rows contiguous: budgets' views are)."""
-    return _call(_library.gemv_t_f32, x, t.shape[1], (t.data_ptr(),), (t.stride(0),))
-
-
 @torch.library.custom_op("elastic_local::matvec", mutates_args=())
-def matvec_op(x: Tensor, w: Tensor) -> Tensor:
-    """`matvec` as an op a compiled decode step calls (inductor leaves it opaque)."""
-    return matvec(x, w)
+def _matvec_op(x: Tensor, w: Tensor, transposed: bool) -> Tensor:
+    return _matvec(x, w, transposed)
 
 
-@matvec_op.register_fake
-def _(x: Tensor, w: Tensor) -> Tensor:
-    return x.new_empty(*x.shape[:-1], w.shape[0])
-
-
-@torch.library.custom_op("elastic_local::matvec_t", mutates_args=())
-def matvec_t_op(x: Tensor, t: Tensor) -> Tensor:
-    """`matvec_t` as an op a compiled decode step calls."""
-    return matvec_t(x, t)
-
-
-@matvec_t_op.register_fake
-def _(x: Tensor, t: Tensor) -> Tensor:
-    return x.new_empty(*x.shape[:-1], t.shape[1])
+@_matvec_op.register_fake
+def _(x: Tensor, w: Tensor, transposed: bool) -> Tensor:
+    return x.new_empty(*x.shape[:-1], w.shape[1] if transposed else w.shape[0])
 
 
 def fp8(x: Tensor, codes: Tensor, scale: float) -> Tensor:

@@ -60,7 +60,7 @@ def linear(x: torch.Tensor, w) -> torch.Tensor:
     if isinstance(w, torch.Tensor):
         if (w.dtype in (torch.float32, torch.bfloat16) and w.ndim == 2 and w.stride(1) == 1
                 and not w.requires_grad and gemv.usable(x)):
-            return gemv.matvec_op(x, w) if torch.compiler.is_compiling() else gemv.matvec(x, w)
+            return gemv.matvec(x, w)
         # oneDNN's op has no backward: weights being trained take F.linear; a compiled step leaves the
         # choice of matmul to inductor (tracing the probe would run it inside every step)
         if (w.device.type == "cpu" and not w.requires_grad and not torch.compiler.is_compiling()
@@ -112,7 +112,7 @@ class Transposed:
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         t = self.t
         if t.dtype == torch.float32 and t.stride(1) == 1 and gemv.usable(x):
-            return gemv.matvec_t_op(x, t) if torch.compiler.is_compiling() else gemv.matvec_t(x, t)
+            return gemv.matvec(x, t, transposed=True)
         return x @ t
 
 
