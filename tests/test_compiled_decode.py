@@ -7,7 +7,14 @@ from tiny import ALIGNED, hf_logits, make_checkpoint
 
 import elastic_local
 from elastic_local.elastic.nest import nest
+from elastic_local.model import step
 from elastic_local.model.nemotron_h import HybridCache
+
+
+@pytest.fixture(autouse=True)
+def no_c_step(monkeypatch):
+    """One-sequence steps on the CPU would run in C (test_decode_step.py); these tests pin the compiled path."""
+    monkeypatch.setattr(step, "build", lambda net, b: None)
 
 
 @pytest.fixture(scope="module")

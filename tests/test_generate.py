@@ -7,6 +7,7 @@ of the sequence."""
 
 import gc
 import threading
+import time
 
 import pytest
 import torch
@@ -118,7 +119,14 @@ def test_live_switch_in_the_middle_of_thinking(m):
     assert [(c.budget, c.tokens) for c in catch[1:3]] == [("small", len(prompt) + 5), ("full", 6)]
 
 
-def test_switch_from_another_thread_while_streaming(m):
+def test_switch_from_another_thread_while_streaming(m, monkeypatch):
+    forward = m.net.forward
+
+    def step_of_a_real_model(*args, **kwargs):  # the tiny model's steps take microseconds (C decode step)
+        time.sleep(0.005)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(m.net, "forward", step_of_a_real_model)
     prompt = m.chat_prompt("stream")
     s = m.stream(prompt, think_budget="full", answer_budget="full", max_think_tokens=30, max_answer_tokens=4,
                  ignore_eos=True, think_close=CLOSE)
@@ -130,7 +138,9 @@ def test_switch_from_another_thread_while_streaming(m):
     r = s.result
     assert any(isinstance(e, Switch) for e in events)
     tokens = sampled_tokens(events, len(prompt))
-    assert {b for _, b in tokens[:3]} == {"full"} and tokens[16][1] == "small"
+    thinking = [e.budget for e in events if isinstance(e, Token) and e.phase == "think" and not e.forced]
+    first = thinking.index("small")  # the switch lands while the stream thinks, and holds from there on
+    assert 3 <= first < 25 and set(thinking[:first]) == {"full"} and set(thinking[first:]) == {"small"}
     assert assert_argmax(m, r.ids, tokens) >= len(tokens) - 2
     assert [e.id for e in events if isinstance(e, Token)] == r.ids[len(prompt):]
 

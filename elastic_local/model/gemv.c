@@ -27,8 +27,6 @@
 #include <omp.h>
 #endif
 
-#define PARALLEL _Pragma("omp parallel for num_threads(threads) schedule(static) if (N * K >= 65536)")
-
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -160,64 +158,65 @@ static inline void decode_nvfp4(const uint8_t *w, const uint8_t *scales, int64_t
     }
 }
 
-int gemv_f32(const float *x, const float *w, float *y, int64_t M, int64_t N, int64_t K, int64_t ldw,
-             int threads) {
-    PARALLEL
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t m = 0; m < M; m++) y[m * N + n] = dot_f32(x + m * K, w + n * ldw, K);
-    return 0;
-}
+/* ------------------------------------------------------------------------------------------------------
+ * The kernels over one thread's share of the outputs, [n0, n1); `share` says which. Called by the gemv_*
+ * entry points below, each in its own parallel region, and by step.c inside a block's one region. */
 
-int gemv_t_f32(const float *x, const float *t, float *y, int64_t M, int64_t N, int64_t K, int64_t ldt,
-               int threads) {
-    #pragma omp parallel num_threads(threads) if (N * K >= 65536)
-    {
-        int64_t parts = 1, part = 0;
+/* This thread's share of N outputs within the current parallel region (all of them outside one), in
+   multiples of 16: whole cache lines of y, whole vectors of gemv_t's rows. */
+void share(int64_t N, int64_t *n0, int64_t *n1) {
+    int64_t parts = 1, part = 0;
 #ifdef _OPENMP
-        parts = omp_get_num_threads(), part = omp_get_thread_num();
+    parts = omp_get_num_threads(), part = omp_get_thread_num();
 #endif
-        int64_t chunk = ((N + parts - 1) / parts + 7) / 8 * 8;
-        int64_t n0 = part * chunk < N ? part * chunk : N, n1 = n0 + chunk < N ? n0 + chunk : N;
-        for (int64_t m = 0; m < M; m++)
-            for (int64_t n = n0; n < n1; n++) y[m * N + n] = 0.f;
-        int64_t k = 0;
-        for (; k + 4 <= K; k += 4) {
-            const float *t0 = t + k * ldt, *t1 = t0 + ldt, *t2 = t1 + ldt, *t3 = t2 + ldt;
-            for (int64_t m = 0; m < M; m++) {
-                const float *xm = x + m * K;
-                float *ym = y + m * N;
-                __m256 x0 = _mm256_set1_ps(xm[k]), x1 = _mm256_set1_ps(xm[k + 1]);
-                __m256 x2 = _mm256_set1_ps(xm[k + 2]), x3 = _mm256_set1_ps(xm[k + 3]);
-                int64_t n = n0;
-                for (; n + 8 <= n1; n += 8) {
-                    __m256 acc = _mm256_fmadd_ps(x0, _mm256_loadu_ps(t0 + n), _mm256_loadu_ps(ym + n));
-                    acc = _mm256_fmadd_ps(x1, _mm256_loadu_ps(t1 + n), acc);
-                    acc = _mm256_fmadd_ps(x2, _mm256_loadu_ps(t2 + n), acc);
-                    _mm256_storeu_ps(ym + n, _mm256_fmadd_ps(x3, _mm256_loadu_ps(t3 + n), acc));
-                }
-                for (; n < n1; n++) ym[n] += xm[k] * t0[n] + xm[k + 1] * t1[n] + xm[k + 2] * t2[n] + xm[k + 3] * t3[n];
+    int64_t chunk = ((N + parts - 1) / parts + 15) / 16 * 16;
+    *n0 = part * chunk < N ? part * chunk : N;
+    *n1 = *n0 + chunk < N ? *n0 + chunk : N;
+}
+
+void part_f32(const float *x, const float *w, float *y, int64_t M, int64_t N, int64_t K, int64_t ldw,
+              int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t m = 0; m < M; m++) y[m * N + n] = dot_f32(x + m * K, w + n * ldw, K);
+}
+
+void part_t_f32(const float *x, const float *t, float *y, int64_t M, int64_t N, int64_t K, int64_t ldt,
+                int64_t n0, int64_t n1) {
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = n0; n < n1; n++) y[m * N + n] = 0.f;
+    int64_t k = 0;
+    for (; k + 4 <= K; k += 4) {
+        const float *t0 = t + k * ldt, *t1 = t0 + ldt, *t2 = t1 + ldt, *t3 = t2 + ldt;
+        for (int64_t m = 0; m < M; m++) {
+            const float *xm = x + m * K;
+            float *ym = y + m * N;
+            __m256 x0 = _mm256_set1_ps(xm[k]), x1 = _mm256_set1_ps(xm[k + 1]);
+            __m256 x2 = _mm256_set1_ps(xm[k + 2]), x3 = _mm256_set1_ps(xm[k + 3]);
+            int64_t n = n0;
+            for (; n + 8 <= n1; n += 8) {
+                __m256 acc = _mm256_fmadd_ps(x0, _mm256_loadu_ps(t0 + n), _mm256_loadu_ps(ym + n));
+                acc = _mm256_fmadd_ps(x1, _mm256_loadu_ps(t1 + n), acc);
+                acc = _mm256_fmadd_ps(x2, _mm256_loadu_ps(t2 + n), acc);
+                _mm256_storeu_ps(ym + n, _mm256_fmadd_ps(x3, _mm256_loadu_ps(t3 + n), acc));
             }
+            for (; n < n1; n++) ym[n] += xm[k] * t0[n] + xm[k + 1] * t1[n] + xm[k + 2] * t2[n] + xm[k + 3] * t3[n];
         }
-        for (; k < K; k++)
-            for (int64_t m = 0; m < M; m++)
-                for (int64_t n = n0; n < n1; n++) y[m * N + n] += x[m * K + k] * t[k * ldt + n];
     }
-    return 0;
+    for (; k < K; k++)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = n0; n < n1; n++) y[m * N + n] += x[m * K + k] * t[k * ldt + n];
 }
 
-int gemv_bf16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t N, int64_t K, int64_t ldw,
-              int threads) {
-    PARALLEL
-    for (int64_t n = 0; n < N; n++)
+void part_bf16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t N, int64_t K, int64_t ldw,
+               int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n++)
         for (int64_t m = 0; m < M; m++) y[m * N + n] = dot_bf16(x + m * K, w + n * ldw, K);
-    return 0;
 }
 
-int gemv_fp8(const float *x, const uint8_t *w, float *y, int64_t M, int64_t N, int64_t K, int64_t ldw,
-             float scale, int threads) {
+void part_fp8(const float *x, const uint8_t *w, float *y, int64_t M, int64_t N, int64_t K, int64_t ldw,
+              float scale, int64_t n0, int64_t n1) {
     scale *= 256.f;
-    PARALLEL
-    for (int64_t n = 0; n < N; n++) {
+    for (int64_t n = n0; n < n1; n++) {
         if (M == 1) {
             y[n] = dot_fp8(x, w + n * ldw, K) * scale;
             continue;
@@ -226,19 +225,19 @@ int gemv_fp8(const float *x, const uint8_t *w, float *y, int64_t M, int64_t N, i
         decode_fp8(w + n * ldw, K, row);
         for (int64_t m = 0; m < M; m++) y[m * N + n] = dot_f32(x + m * K, row, K) * scale;
     }
-    return 0;
 }
 
-/* K % 16 == 0; w [N, ldw bytes], scales [N, lds bytes]. x is permuted once (block_nvfp4's order). */
-int gemv_nvfp4(const float *x, const uint8_t *w, const uint8_t *scales, float *y, int64_t M, int64_t N,
-               int64_t K, int64_t ldw, int64_t lds, float scale, int threads) {
-    float *xp = malloc(M * K * sizeof(float));
-    if (!xp) return -1;
-    for (int64_t i = 0; i < M * K; i += 16)
+/* x permuted for part_nvfp4 (each block of 16: even inputs, then odd); M * K floats */
+void permute_nvfp4(const float *x, float *xp, int64_t MK) {
+    for (int64_t i = 0; i < MK; i += 16)
         for (int j = 0; j < 8; j++) xp[i + j] = x[i + 2 * j], xp[i + 8 + j] = x[i + 2 * j + 1];
+}
+
+/* K % 16 == 0; w [N, ldw bytes], scales [N, lds bytes]; xp from permute_nvfp4. */
+void part_nvfp4(const float *xp, const uint8_t *w, const uint8_t *scales, float *y, int64_t M, int64_t N,
+                int64_t K, int64_t ldw, int64_t lds, float scale, int64_t n0, int64_t n1) {
     scale *= 16384.f * 256.f;
-    PARALLEL
-    for (int64_t n = 0; n < N; n++) {
+    for (int64_t n = n0; n < n1; n++) {
         if (M == 1) {
             y[n] = dot_nvfp4(xp, w + n * ldw, scales + n * lds, K) * scale;
             continue;
@@ -247,6 +246,47 @@ int gemv_nvfp4(const float *x, const uint8_t *w, const uint8_t *scales, float *y
         decode_nvfp4(w + n * ldw, scales + n * lds, K, row);
         for (int64_t m = 0; m < M; m++) y[m * N + n] = dot_f32(xp + m * K, row, K) * scale;
     }
+}
+
+/* ------------------------------------------------------------------------------------------------------
+ * Entry points (model/gemv.py): one parallel region each, for weights large enough to be worth waking
+ * the other threads. */
+
+#define SHARED(call) do {                                                              \
+        _Pragma("omp parallel num_threads(threads) if (N * K >= 65536)")              \
+        { int64_t n0, n1; share(N, &n0, &n1); call; }                                  \
+    } while (0)
+
+int gemv_f32(const float *x, const float *w, float *y, int64_t M, int64_t N, int64_t K, int64_t ldw,
+             int threads) {
+    SHARED(part_f32(x, w, y, M, N, K, ldw, n0, n1));
+    return 0;
+}
+
+int gemv_t_f32(const float *x, const float *t, float *y, int64_t M, int64_t N, int64_t K, int64_t ldt,
+               int threads) {
+    SHARED(part_t_f32(x, t, y, M, N, K, ldt, n0, n1));
+    return 0;
+}
+
+int gemv_bf16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t N, int64_t K, int64_t ldw,
+              int threads) {
+    SHARED(part_bf16(x, w, y, M, N, K, ldw, n0, n1));
+    return 0;
+}
+
+int gemv_fp8(const float *x, const uint8_t *w, float *y, int64_t M, int64_t N, int64_t K, int64_t ldw,
+             float scale, int threads) {
+    SHARED(part_fp8(x, w, y, M, N, K, ldw, scale, n0, n1));
+    return 0;
+}
+
+int gemv_nvfp4(const float *x, const uint8_t *w, const uint8_t *scales, float *y, int64_t M, int64_t N,
+               int64_t K, int64_t ldw, int64_t lds, float scale, int threads) {
+    float *xp = malloc(M * K * sizeof(float));
+    if (!xp) return -1;
+    permute_nvfp4(x, xp, M * K);
+    SHARED(part_nvfp4(xp, w, scales, y, M, N, K, ldw, lds, scale, n0, n1));
     free(xp);
     return 0;
 }

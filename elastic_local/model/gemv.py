@@ -30,7 +30,8 @@ from torch import Tensor
 from ..paths import cache_dir
 
 ENV = "ELASTIC_LOCAL_CPU_GEMV"  # "0": never build or use the kernels
-SOURCE = Path(__file__).with_name("gemv.c")
+# gemv.c: the products; step.c: whole decode-step blocks built on them (model/step.py)
+SOURCES = [Path(__file__).with_name(name) for name in ("gemv.c", "step.c")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fPIC", "-shared"]
 # Rows of x the kernels take: float weights up to MAX_ROWS (past that, torch's matmul, which reuses what
 # it loads across rows, is faster); packed weights up to MAX_PACKED_ROWS (each weight row is decoded once
@@ -46,11 +47,16 @@ _SIGNATURES = {
     "gemv_bf16": [_P, _P, _P, _I, _I, _I, _I, _C],
     "gemv_fp8": [_P, _P, _P, _I, _I, _I, _I, _F, _C],
     "gemv_nvfp4": [_P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _C],
+    "mamba_step": [_P, _P, _P, _P, _C],
+    "attention_step": [_P, _P, _P, _P, _I, _I, _C],
+    "moe_step": [_P, _P, _C],
+    "mlp_step": [_P, _P, _C],
+    "head_step": [_P, _P, _P, _I, _F, _P, _C],
 }
 
 
 def _compile(out: Path) -> str | None:
-    """Build gemv.c into `out` (atomically: concurrent first runs each build and rename); None or why not."""
+    """Build the sources into `out` (atomically: concurrent first runs each build and rename); None or why not."""
     cc = os.environ.get("CC") or "cc"
     if shutil.which(cc) is None:
         return f"no C compiler: {cc!r} not found (install gcc, or set CC)"
@@ -60,7 +66,8 @@ def _compile(out: Path) -> str | None:
     why = ""
     try:
         for openmp in (["-fopenmp"], []):  # a compiler without OpenMP (e.g. clang without libomp): one thread
-            done = subprocess.run([cc, *FLAGS, *openmp, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+            command = [cc, *FLAGS, *openmp, *map(str, SOURCES), "-o", tmp, "-lm"]
+            done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode == 0:
                 os.replace(tmp, out)
                 return None
@@ -77,8 +84,8 @@ _library: ctypes.CDLL | None | bool = False  # False: not looked for yet
 
 
 def library_path() -> Path:
-    """Where this version of gemv.c is built: one file per source and flags."""
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    """Where this version of the sources is built: one file per source version and flags."""
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(FLAGS).encode()).hexdigest()[:16]
     return cache_dir() / "kernels" / f"gemv-{key}.so"
 
 
@@ -112,7 +119,7 @@ def _load() -> ctypes.CDLL | None:
         return None
     for name, args in _SIGNATURES.items():
         getattr(lib, name).argtypes = args
-        getattr(lib, name).restype = ctypes.c_int  # 0, or -1 when a scratch buffer could not be allocated
+        getattr(lib, name).restype = ctypes.c_int  # 0; -1: a scratch buffer could not be allocated
     return lib
 
 

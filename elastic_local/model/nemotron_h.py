@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
+from . import step
 from .attention import AttentionWeights, KVCache, attention
 from .budget import Budget
 from .config import NemotronHConfig
@@ -90,6 +91,8 @@ class NemotronH:
         # per-head output before out_proj ("mamba_y"); importance scoring uses it, inference leaves it None
         self.observer: Observer | None = None
         self.compiled: dict[Budget, Callable | None] | None = None  # see compile_decode; None: runs eagerly
+        # per budget, the C decode step (model/step.py) built on its first one-token step; None: not covered
+        self.c_steps: dict[Budget, step.DecodeStep | None] = {}
 
     def compile_decode(self) -> None:
         """Run one-token decode steps (inference, no observer) through `torch.compile`, one graph per budget,
@@ -160,6 +163,7 @@ class NemotronH:
         if isinstance(self.lm_head, torch.Tensor) and self.lm_head is not self.embed \
                 and not self.lm_head.requires_grad:
             self.lm_head = Transposed.of(self.lm_head)
+        self.c_steps.clear()  # they point at the weights just replaced
 
     def silence(self, token: int) -> None:
         """Pin `token`'s logit at 0 by zeroing its LM-head row (random-weight models in tests and benchmarks
@@ -213,9 +217,15 @@ class NemotronH:
         if cache is not None and budget is not None and budget != cache.budget:
             raise ValueError(f"this cache belongs to budget {cache.budget.name!r}, not {budget.name!r}")
         T = ids.shape[1]
-        if (self.compiled is not None and cache is not None and T == 1 and soft is None and soft_hidden is None
-                and self.observer is None and torch.is_inference_mode_enabled()):
-            return self._compiled_step(ids, b, cache)
+        if (cache is not None and T == 1 and soft is None and soft_hidden is None and self.observer is None
+                and torch.is_inference_mode_enabled()):
+            if ids.shape[0] == 1 and self.device.type == "cpu" and step.serves(cache):
+                if b not in self.c_steps:
+                    self.c_steps[b] = step.build(self, b)
+                if self.c_steps[b] is not None:
+                    return self.c_steps[b](int(ids[0, 0]), cache)
+            if self.compiled is not None:
+                return self._compiled_step(ids, b, cache)
         if cache is None or T <= self.prefill_chunk:
             return self._forward(ids, b, cache, last_only, soft, soft_hidden)
         outs = [self._forward(ids[:, i:i + self.prefill_chunk], b, cache, last_only, soft, soft_hidden)

@@ -14,7 +14,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from ..model import gemv
+from ..model import gemv, step
 from ..model.cost import NATIVE_CAPABILITY
 from .linear import QuantizedWeight, finite_amax
 
@@ -73,3 +73,6 @@ class FP8Weight(QuantizedWeight):
 
     def _cpu_linear(self, x: Tensor) -> Tensor:
         return gemv.fp8(x, self.weight.view(torch.uint8), self.weight_scale.item())
+
+    def step_weight(self) -> step.Weight:
+        return step.packed(step.FP8, self.weight.view(torch.uint8), None, self.weight_scale.item(), self.shape[1])

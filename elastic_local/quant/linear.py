@@ -79,6 +79,10 @@ class QuantizedWeight(ABC):
     def _cpu_linear(self, x: Tensor) -> Tensor:
         """x [.., in] @ W.T on model/gemv.c's kernel for the format."""
 
+    @abstractmethod
+    def step_weight(self):
+        """This view as model/step.c reads it (model.step.Weight), for the C decode step."""
+
     def block(self, r0: int, r1: int, cols: int) -> QuantizedWeight:
         """Rows [r0, r1) and the first `cols` inputs, as views of the packed tensors."""
         out, k = self.shape

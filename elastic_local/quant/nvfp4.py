@@ -16,7 +16,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from ..model import gemv
+from ..model import gemv, step
 from ..model.cost import NATIVE_CAPABILITY
 from .linear import TILE_ELEMENTS, QuantizedWeight, finite_amax, to_blocked
 
@@ -137,3 +137,7 @@ class NVFP4Weight(QuantizedWeight):
 
     def _cpu_linear(self, x: Tensor) -> Tensor:
         return gemv.nvfp4(x, self.weight, self.weight_scale.view(torch.uint8), self.weight_scale_2.item())
+
+    def step_weight(self) -> step.Weight:
+        return step.packed(step.NVFP4, self.weight, self.weight_scale.view(torch.uint8), self.weight_scale_2.item(),
+                           self.shape[1])

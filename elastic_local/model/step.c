@@ -1,0 +1,335 @@
+/* One batch-1 decode step of a Nemotron-H block on the CPU, in one call per block (model/step.py builds the
+ * arguments once per budget and calls these; gemv.c, built into the same library, does the products).
+ *
+ * Why: a decode step of a small model is a few thousand small torch ops whose dispatch costs more than
+ * reading the weights (README, CPU decode kernels). Here a block is one call and one parallel region:
+ * norm, projections, the mixer's recurrence, the residual add, with one scratch buffer.
+ *
+ * Each function follows the torch code it stands for (mamba2.py, attention.py, moe.py, linear.py's
+ * rms_norm) in float32; `h` is the residual stream [d], updated in place. Weights are budget views
+ * described by `weight` (any format gemv.c reads); heads are rank-major (layout.py). Each returns 0, or
+ * -1 where the scratch buffer could not be allocated.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+void share(int64_t N, int64_t *n0, int64_t *n1);
+void part_f32(const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
+void part_t_f32(const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
+void part_bf16(const float *, const uint16_t *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
+void part_fp8(const float *, const uint8_t *, float *, int64_t, int64_t, int64_t, int64_t, float, int64_t, int64_t);
+void permute_nvfp4(const float *x, float *xp, int64_t MK);
+void part_nvfp4(const float *, const uint8_t *, const uint8_t *, float *, int64_t, int64_t, int64_t, int64_t,
+                int64_t, float, int64_t, int64_t);
+
+enum { TRANSPOSED_F32, ROWS_F32, ROWS_BF16, FP8, NVFP4 }; /* model/step.py checks the format it writes */
+
+typedef struct {     /* y[n] = sum_k W[n, k] x[k], n < out, k < in */
+    int64_t format;  /* one of the enum above */
+    int64_t out, in;
+    int64_t ld;      /* row stride of the stored weight: elements, bytes for FP8 / NVFP4 */
+    int64_t ld_scales;
+    const void *w;
+    const void *scales; /* NVFP4's e4m3 block scales */
+    float scale;        /* FP8 / NVFP4's per-tensor scale */
+} weight;
+
+/* This thread's share [*n0, *n1) of y = W x, inside a block's parallel region. */
+static void matvec(const weight *w, const float *x, float *y, int64_t *n0, int64_t *n1) {
+    share(w->out, n0, n1);
+    switch (w->format) {
+    case TRANSPOSED_F32: part_t_f32(x, w->w, y, 1, w->out, w->in, w->ld, *n0, *n1); break;
+    case ROWS_F32: part_f32(x, w->w, y, 1, w->out, w->in, w->ld, *n0, *n1); break;
+    case ROWS_BF16: part_bf16(x, w->w, y, 1, w->out, w->in, w->ld, *n0, *n1); break;
+    case FP8: part_fp8(x, w->w, y, 1, w->out, w->in, w->ld, w->scale, *n0, *n1); break;
+    case NVFP4: {
+        float xp[w->in];
+        permute_nvfp4(x, xp, w->in);
+        part_nvfp4(xp, w->w, w->scales, y, 1, w->out, w->in, w->ld, w->ld_scales, w->scale, *n0, *n1);
+    }
+    }
+}
+
+/* Each block runs in one parallel region: every thread takes its share of each product (no fork per
+ * product), the small serial parts run on one thread (`omp single`, which ends in a barrier). */
+#define REGION _Pragma("omp parallel num_threads(threads)")
+#define SINGLE _Pragma("omp single")
+#define BARRIER _Pragma("omp barrier")
+
+static inline float silu(float v) { return v / (1.f + expf(-v)); }
+
+static inline float softplus(float v) { return v > 20.f ? v : log1pf(expf(v)); } /* torch's threshold */
+
+static void rms_norm(const float *h, const float *w, float *out, int64_t d, float eps) {
+    float ss = 0.f;
+    for (int64_t i = 0; i < d; i++) ss += h[i] * h[i];
+    float r = 1.f / sqrtf(ss / (float)d + eps);
+    for (int64_t i = 0; i < d; i++) out[i] = w[i] * (h[i] * r);
+}
+
+static inline float dot(const float *a, const float *b, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    float t = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+    for (; i < n; i++) t += a[i] * b[i];
+    return t;
+}
+
+/* ------------------------------------------------------------------------------------------- Mamba2 */
+
+typedef struct {
+    const float *norm;                     /* the block's pre-norm [d] */
+    weight z, x, bc, dt, out;              /* in_proj's four row ranges (z | x | B,C | dt), out_proj */
+    const float *conv_x, *conv_bc;         /* conv1d weight rows of x [k*p, K] and of B,C [2*G*N, K] */
+    const float *conv_bias_x, *conv_bias_bc; /* NULL without conv bias */
+    const float *dt_bias, *A, *D;          /* [k]; A = -exp(A_log) */
+    const float *gate_norm;                /* [k*p] */
+    int64_t d, heads, groups, head_dim, state, conv_k;
+    float dt_min, dt_max, eps;
+} mamba;
+
+/* State update and readout of head j (rank j / G of group j % G) into y[j*p : (j+1)*p]. */
+static void ssm_head(const mamba *L, int64_t j, const float *xs, const float *B, const float *Cm, float dt,
+                     float *ssm, float *y) {
+    const int64_t G = L->groups, p = L->head_dim, N = L->state, g = j % G, r = L->heads / G;
+    const float dtj = fminf(fmaxf(softplus(dt + L->dt_bias[j]), L->dt_min), L->dt_max);
+    const float a = expf(dtj * L->A[j]);
+    const __m256 dA = _mm256_set1_ps(a);
+    float *s = ssm + ((g * r + j / G) * p) * N;
+    const float *Bg = B + g * N, *Cg = Cm + g * N;
+    for (int64_t i = 0; i < p; i++, s += N) {
+        const float xi = xs[j * p + i];
+        const __m256 dx = _mm256_set1_ps(dtj * xi);
+        __m256 acc = _mm256_setzero_ps();
+        int64_t n = 0;
+        for (; n + 8 <= N; n += 8) {
+            __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(s + n), dA, _mm256_mul_ps(dx, _mm256_loadu_ps(Bg + n)));
+            _mm256_storeu_ps(s + n, v);
+            acc = _mm256_fmadd_ps(v, _mm256_loadu_ps(Cg + n), acc);
+        }
+        float t = 0.f, lanes[8];
+        _mm256_storeu_ps(lanes, acc);
+        for (int q = 0; q < 8; q++) t += lanes[q];
+        for (; n < N; n++) {
+            s[n] = s[n] * a + dtj * xi * Bg[n];
+            t += s[n] * Cg[n];
+        }
+        y[j * p + i] = t + L->D[j] * xi;
+    }
+}
+
+/* conv [k*p + 2*G*N, K]: the last K inputs of the convolution; ssm [G, r, p, N] group-major. */
+int mamba_step(const mamba *L, float *h, float *conv, float *ssm, int threads) {
+    const int64_t d = L->d, k = L->heads, G = L->groups, p = L->head_dim, N = L->state, K = L->conv_k;
+    const int64_t r = k / G, kp = k * p, gn = G * N, C = kp + 2 * gn;
+    float *buf = malloc(sizeof(float) * (2 * d + 2 * kp + C + k));
+    if (!buf) return -1;
+    float *x = buf, *z = x + d, *xbc = z + kp, *dt = xbc + C, *y = dt + k, *out = y + kp;
+    REGION {
+        int64_t n0, n1;
+        SINGLE rms_norm(h, L->norm, x, d, L->eps);
+        matvec(&L->z, x, z, &n0, &n1);
+        matvec(&L->x, x, xbc, &n0, &n1);
+        matvec(&L->bc, x, xbc + kp, &n0, &n1);
+        matvec(&L->dt, x, dt, &n0, &n1);
+        BARRIER;
+        #pragma omp for schedule(static)
+        for (int64_t c = 0; c < C; c++) { /* causal depthwise convolution: shift the window, one dot, silu */
+            float *s = conv + c * K;
+            memmove(s, s + 1, (K - 1) * sizeof(float));
+            s[K - 1] = xbc[c];
+            const float *w = c < kp ? L->conv_x + c * K : L->conv_bc + (c - kp) * K;
+            const float *bias = c < kp ? L->conv_bias_x : L->conv_bias_bc;
+            float a = 0.f;
+            for (int64_t j = 0; j < K; j++) a += s[j] * w[j];
+            if (bias) a += bias[c < kp ? c : c - kp];
+            xbc[c] = silu(a);
+        }
+        #pragma omp for schedule(static)
+        for (int64_t j = 0; j < k; j++) {
+            ssm_head(L, j, xbc, xbc + kp, xbc + kp + gn, dt[j], ssm, y);
+            for (int64_t c = j * p; c < (j + 1) * p; c++) y[c] *= silu(z[c]);
+        }
+        #pragma omp for schedule(static)
+        for (int64_t g = 0; g < G; g++) { /* gated RMSNorm over each group's r heads */
+            float ss = 0.f;
+            for (int64_t q = 0; q < r; q++) {
+                const float *v = y + (q * G + g) * p;
+                for (int64_t i = 0; i < p; i++) ss += v[i] * v[i];
+            }
+            const float rs = 1.f / sqrtf(ss / (float)(r * p) + L->eps);
+            for (int64_t q = 0; q < r; q++) {
+                const int64_t c0 = (q * G + g) * p;
+                for (int64_t i = 0; i < p; i++) y[c0 + i] = L->gate_norm[c0 + i] * (y[c0 + i] * rs);
+            }
+        }
+        matvec(&L->out, y, out, &n0, &n1);
+        for (int64_t i = n0; i < n1; i++) h[i] += out[i];
+    }
+    free(buf);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- attention */
+
+typedef struct {
+    const float *norm;
+    weight q, k, v, o;
+    int64_t d, heads, kv_heads, head_dim;
+    float eps;
+} attention;
+
+/* kc, vc [KV, capacity, hd]: positions < pos are cached; this token's key and value go to pos. */
+int attention_step(const attention *L, float *h, float *kc, float *vc, int64_t capacity, int64_t pos, int threads) {
+    const int64_t d = L->d, H = L->heads, KV = L->kv_heads, hd = L->head_dim, T = pos + 1;
+    float *buf = malloc(sizeof(float) * (2 * d + H * hd + 2 * KV * hd + H * hd + H * T));
+    if (!buf) return -1;
+    float *x = buf, *q = x + d, *kn = q + H * hd, *vn = kn + KV * hd, *att = vn + KV * hd, *p = att + H * hd;
+    float *out = p + H * T;
+    const float scale = 1.f / sqrtf((float)hd);
+    REGION {
+        int64_t n0, n1;
+        SINGLE rms_norm(h, L->norm, x, d, L->eps);
+        matvec(&L->q, x, q, &n0, &n1);
+        matvec(&L->k, x, kn, &n0, &n1);
+        matvec(&L->v, x, vn, &n0, &n1);
+        BARRIER;
+        SINGLE for (int64_t g = 0; g < KV; g++) {
+            memcpy(kc + (g * capacity + pos) * hd, kn + g * hd, hd * sizeof(float));
+            memcpy(vc + (g * capacity + pos) * hd, vn + g * hd, hd * sizeof(float));
+        }
+        #pragma omp for schedule(static)
+        for (int64_t j = 0; j < H; j++) { /* query head j reads KV head j % KV (rank-major) */
+            const float *qj = q + j * hd, *Kj = kc + (j % KV) * capacity * hd, *Vj = vc + (j % KV) * capacity * hd;
+            float *pj = p + j * T, *oj = att + j * hd, top = -INFINITY, sum = 0.f;
+            for (int64_t t = 0; t < T; t++) {
+                pj[t] = dot(qj, Kj + t * hd, hd) * scale;
+                top = fmaxf(top, pj[t]);
+            }
+            for (int64_t t = 0; t < T; t++) sum += (pj[t] = expf(pj[t] - top));
+            for (int64_t i = 0; i < hd; i++) oj[i] = 0.f;
+            for (int64_t t = 0; t < T; t++) {
+                const float w = pj[t] / sum, *vt = Vj + t * hd;
+                for (int64_t i = 0; i < hd; i++) oj[i] += w * vt[i];
+            }
+        }
+        matvec(&L->o, att, out, &n0, &n1);
+        for (int64_t i = n0; i < n1; i++) h[i] += out[i];
+    }
+    free(buf);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------ MoE and MLP */
+
+typedef struct {
+    const float *norm;
+    const float *gate;    /* router [E, ld_gate] float32 */
+    const float *bias;    /* e_score_correction_bias [E] */
+    const weight *up, *down; /* one per expert the budget keeps */
+    weight shared_up, shared_down;
+    int64_t d, experts, top_k, ld_gate, norm_top_k, hidden; /* hidden: the widest up projection */
+    float scaling, eps;
+} moe;
+
+/* Router (moe.py's route with n_group 1): the top-k of sigmoid scores plus bias, weighted by the scores. */
+static void route(const moe *L, const float *x, float *score, int64_t *ids, float *w) {
+    const int64_t E = L->experts, k = L->top_k;
+    float choice[E], total = 0.f;
+    for (int64_t e = 0; e < E; e++) {
+        score[e] = 1.f / (1.f + expf(-dot(L->gate + e * L->ld_gate, x, L->d)));
+        choice[e] = score[e] + L->bias[e];
+    }
+    for (int64_t i = 0; i < k; i++) { /* best first */
+        int64_t best = -1;
+        for (int64_t e = 0; e < E; e++)
+            if (choice[e] != -INFINITY && (best < 0 || choice[e] > choice[best])) best = e;
+        ids[i] = best;
+        choice[best] = -INFINITY;
+        total += (w[i] = score[best]);
+    }
+    for (int64_t i = 0; i < k; i++) w[i] = (L->norm_top_k ? w[i] / (total + 1e-20f) : w[i]) * L->scaling;
+}
+
+/* this thread's share of relu(up x)^2 into hidden */
+static void up_relu2(const weight *up, const float *x, float *hidden) {
+    int64_t n0, n1;
+    matvec(up, x, hidden, &n0, &n1);
+    for (int64_t i = n0; i < n1; i++) hidden[i] = hidden[i] > 0.f ? hidden[i] * hidden[i] : 0.f;
+}
+
+/* The k routed experts and the shared one (the last of k + 1 hidden / out rows), their outputs summed in
+   the torch path's order: experts best first, then the shared expert. */
+int moe_step(const moe *L, float *h, int threads) {
+    const int64_t d = L->d, E = L->experts, k = L->top_k, I = L->hidden;
+    float *buf = malloc(sizeof(float) * (d + E + (k + 1) * (I + d)));
+    if (!buf) return -1;
+    float *x = buf, *score = x + d, *hidden = score + E, *outs = hidden + (k + 1) * I;
+    int64_t ids[k];
+    float w[k];
+    REGION {
+        SINGLE {
+            rms_norm(h, L->norm, x, d, L->eps);
+            route(L, x, score, ids, w);
+        }
+        for (int64_t i = 0; i < k; i++) up_relu2(&L->up[ids[i]], x, hidden + i * I);
+        up_relu2(&L->shared_up, x, hidden + k * I);
+        BARRIER;
+        int64_t n0, n1;
+        for (int64_t i = 0; i < k; i++) matvec(&L->down[ids[i]], hidden + i * I, outs + i * d, &n0, &n1);
+        matvec(&L->shared_down, hidden + k * I, outs + k * d, &n0, &n1);
+        for (int64_t c = n0; c < n1; c++) { /* shares of d: every down projection's, the same */
+            float acc = 0.f;
+            for (int64_t i = 0; i < k; i++) acc += outs[i * d + c] * w[i];
+            h[c] += acc + outs[k * d + c];
+        }
+    }
+    free(buf);
+    return 0;
+}
+
+typedef struct {
+    const float *norm;
+    weight up, down;
+    int64_t d;
+    float eps;
+} mlp;
+
+int mlp_step(const mlp *L, float *h, int threads) {
+    const int64_t d = L->d;
+    float *buf = malloc(sizeof(float) * (2 * d + L->up.out));
+    if (!buf) return -1;
+    float *x = buf, *out = x + d, *hidden = out + d;
+    REGION {
+        SINGLE rms_norm(h, L->norm, x, d, L->eps);
+        up_relu2(&L->up, x, hidden);
+        BARRIER;
+        int64_t n0, n1;
+        matvec(&L->down, hidden, out, &n0, &n1);
+        for (int64_t i = n0; i < n1; i++) h[i] += out[i];
+    }
+    free(buf);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------- head */
+
+/* logits [V] = lm_head(norm_f(h)) */
+int head_step(const float *h, const float *norm, const weight *lm_head, int64_t d, float eps, float *logits,
+              int threads) {
+    float *x = malloc(sizeof(float) * d);
+    if (!x) return -1;
+    REGION {
+        int64_t n0, n1;
+        SINGLE rms_norm(h, norm, x, d, eps);
+        matvec(lm_head, x, logits, &n0, &n1);
+    }
+    free(x);
+    return 0;
+}

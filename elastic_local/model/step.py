@@ -1,0 +1,242 @@
+"""The batch-1 decode step on the CPU in C: one call per block (step.c), its arguments built once per budget.
+
+Why: batch-1 decode of a small model is a few thousand small torch ops per token whose dispatch, not the
+weights, sets the speed (README, CPU decode kernels). step.c runs each block (norm, projections, the
+mixer's state update, the residual add) in one call on gemv.c's products, so a token costs one Python
+call per block. The budget's weights are the same prefix views the torch path cuts (`linear.block`),
+described once as pointers and strides: no copies, every format the decode kernels read.
+
+It serves float32 activations (the CPU default) for one sequence of one token. `build` returns None
+(and the torch path runs) for what step.c does not cover: another device or dtype, group-limited
+routing (n_group > 1), a weight split across parts (a quantized q|k|v is cut into its parts, so only
+a foreign weight type ends here), or a CPU without the decode kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from . import gemv
+from .attention import KVCache
+from .budget import Budget
+from .linear import Transposed, block
+from .mamba2 import MambaState
+
+if TYPE_CHECKING:
+    from .nemotron_h import HybridCache, NemotronH
+
+log = logging.getLogger(__name__)
+
+_I, _P, _F = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+TRANSPOSED_F32, ROWS_F32, ROWS_BF16, FP8, NVFP4 = range(5)  # step.c's weight formats
+
+
+class Unsupported(Exception):
+    """A weight or layer step.c does not read."""
+
+
+class Weight(ctypes.Structure):
+    """step.c's `weight`: a [out, in] weight view, x @ W.T."""
+
+    _fields_ = [("format", _I), ("out", _I), ("inp", _I), ("ld", _I), ("ld_scales", _I),
+                ("w", _P), ("scales", _P), ("scale", _F)]
+
+
+def packed(fmt: int, codes: Tensor, scales: Tensor | None, scale: float, inputs: int) -> Weight:
+    """A packed FP8 (codes [out, in] bytes) or NVFP4 (codes [out, in/2], e4m3 block scales) view; the
+    quantized formats (elastic_local.quant) describe themselves through this."""
+    if codes.stride(1) != 1 or (scales is not None and scales.stride(1) != 1):
+        raise Unsupported("packed weight rows are not contiguous")
+    return Weight(fmt, codes.shape[0], inputs, codes.stride(0), 0 if scales is None else scales.stride(0),
+                  codes.data_ptr(), None if scales is None else scales.data_ptr(), scale)
+
+
+def weight(w) -> Weight:
+    """The description of any weight view `linear()` takes, or Unsupported."""
+    if isinstance(w, Transposed):
+        t = w.t
+        if t.dtype == torch.float32 and t.ndim == 2 and t.stride(1) == 1:
+            return Weight(TRANSPOSED_F32, t.shape[1], t.shape[0], t.stride(0), 0, t.data_ptr(), None, 1.0)
+    elif isinstance(w, Tensor):
+        formats = {torch.float32: ROWS_F32, torch.bfloat16: ROWS_BF16}
+        if w.dtype in formats and w.ndim == 2 and w.stride(1) == 1:
+            return Weight(formats[w.dtype], w.shape[0], w.shape[1], w.stride(0), 0, w.data_ptr(), None, 1.0)
+    elif hasattr(w, "step_weight"):
+        return w.step_weight()
+    raise Unsupported(f"a {type(w).__name__} weight")
+
+
+def _floats(t: Tensor | None) -> int | None:
+    """Address of a contiguous float32 vector / matrix (norm weights, conv weights, router)."""
+    if t is None:
+        return None
+    if t.dtype != torch.float32 or not t.is_contiguous():
+        raise Unsupported(f"a {t.dtype} / non-contiguous vector")
+    return t.data_ptr()
+
+
+class Mamba(ctypes.Structure):
+    _fields_ = [("norm", _P), ("z", Weight), ("x", Weight), ("bc", Weight), ("dt", Weight), ("out", Weight),
+                ("conv_x", _P), ("conv_bc", _P), ("conv_bias_x", _P), ("conv_bias_bc", _P),
+                ("dt_bias", _P), ("A", _P), ("D", _P), ("gate_norm", _P),
+                ("d", _I), ("heads", _I), ("groups", _I), ("head_dim", _I), ("state", _I), ("conv_k", _I),
+                ("dt_min", _F), ("dt_max", _F), ("eps", _F)]
+
+
+class Attention(ctypes.Structure):
+    _fields_ = [("norm", _P), ("q", Weight), ("k", Weight), ("v", Weight), ("o", Weight),
+                ("d", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("eps", _F)]
+
+
+class MoE(ctypes.Structure):
+    _fields_ = [("norm", _P), ("gate", _P), ("bias", _P), ("up", ctypes.POINTER(Weight)),
+                ("down", ctypes.POINTER(Weight)), ("shared_up", Weight), ("shared_down", Weight),
+                ("d", _I), ("experts", _I), ("top_k", _I), ("ld_gate", _I), ("norm_top_k", _I), ("hidden", _I),
+                ("scaling", _F), ("eps", _F)]
+
+
+class MLP(ctypes.Structure):
+    _fields_ = [("norm", _P), ("up", Weight), ("down", Weight), ("d", _I), ("eps", _F)]
+
+
+def _mamba(net: NemotronH, i: int, k: int, d: int) -> Mamba:
+    cfg, w = net.cfg, net.layers[i].mixer
+    G, p, N = cfg.n_groups, cfg.mamba_head_dim, cfg.ssm_state_size
+    n, gn, ip = w.heads, G * N, w.in_proj
+    o = 2 * n * p  # in_proj rows: z [n*p] | x [n*p] | B, C [2*G*N] | dt [n] (mamba2.py)
+    lo, hi = cfg.time_step_limit
+    conv_b = w.conv_bias
+    return Mamba(
+        _floats(net.layers[i].norm[:d]),
+        weight(block(ip, 0, k * p, d)), weight(block(ip, n * p, n * p + k * p, d)),
+        weight(block(ip, o, o + 2 * gn, d)), weight(block(ip, o + 2 * gn, o + 2 * gn + k, d)),
+        weight(block(w.out_proj, 0, d, k * p)),
+        _floats(w.conv_weight[:k * p]), _floats(w.conv_weight[n * p:]),
+        _floats(None if conv_b is None else conv_b[:k * p]), _floats(None if conv_b is None else conv_b[n * p:]),
+        _floats(w.dt_bias[:k]), _floats(w.A[:k]), _floats(w.D[:k]), _floats(w.norm[:k * p]),
+        d, k, G, p, N, w.conv_weight.shape[1], lo, hi, cfg.layer_norm_epsilon)
+
+
+def _attention(net: NemotronH, i: int, heads: int, d: int) -> Attention:
+    cfg, w = net.cfg, net.layers[i].mixer
+    hd, KV = cfg.head_dim, cfg.num_key_value_heads
+    q_res = w.q_heads(hd, KV) * hd
+    return Attention(
+        _floats(net.layers[i].norm[:d]), weight(block(w.qkv, 0, heads * hd, d)),
+        weight(block(w.qkv, q_res, q_res + KV * hd, d)), weight(block(w.qkv, q_res + KV * hd, q_res + 2 * KV * hd, d)),
+        weight(block(w.o_proj, 0, d, heads * hd)), d, heads, KV, hd, cfg.layer_norm_epsilon)
+
+
+def _moe(net: NemotronH, i: int, experts: int, channels: int, shared: int, d: int, keep: list) -> MoE:
+    cfg, w = net.cfg, net.layers[i].mixer
+    if cfg.n_group > 1:
+        raise Unsupported("group-limited routing (n_group > 1)")
+    gate = w.gate[:experts, :d]
+    if gate.dtype != torch.float32 or gate.stride(1) != 1:
+        raise Unsupported("a router weight that is not float32 rows")
+    up = (Weight * experts)(*(weight(block(w.up[e], 0, channels, d)) for e in range(experts)))
+    down = (Weight * experts)(*(weight(block(w.down[e], 0, d, channels)) for e in range(experts)))
+    keep += [up, down]  # the arrays the struct points into
+    return MoE(_floats(net.layers[i].norm[:d]), gate.data_ptr(), _floats(w.bias[:experts]), up, down,
+               weight(block(w.shared_up, 0, shared, d)), weight(block(w.shared_down, 0, d, shared)),
+               d, experts, cfg.num_experts_per_tok, gate.stride(0), int(cfg.norm_topk_prob), max(channels, shared),
+               cfg.routed_scaling_factor, cfg.layer_norm_epsilon)
+
+
+def _mlp(net: NemotronH, i: int, channels: int, d: int) -> MLP:
+    w = net.layers[i].mixer
+    return MLP(_floats(net.layers[i].norm[:d]), weight(block(w.up, 0, channels, d)),
+               weight(block(w.down, 0, d, channels)), d, net.cfg.layer_norm_epsilon)
+
+
+class DecodeStep:
+    """Budget `b`'s decode step of `net` for one sequence: `step(token, cache)` -> logits [1, 1, V]."""
+
+    def __init__(self, net: NemotronH, b: Budget, lib: ctypes.CDLL):
+        d, keep = b.hidden, []
+        self.blocks: list[tuple[int, str, ctypes.Structure]] = []
+        for i, s in enumerate(b.layers):
+            if not s.enabled:
+                continue
+            if s.kind == "M":
+                args = _mamba(net, i, s.mamba_heads, d)
+            elif s.kind == "*":
+                args = _attention(net, i, s.attention_heads, d)
+            elif s.kind == "E":
+                args = _moe(net, i, s.experts, s.expert_channels, s.shared_channels, d, keep)
+            else:
+                args = _mlp(net, i, s.mlp_channels, d)
+            self.blocks.append((i, s.kind, args))
+        embed = net.embed
+        if embed.dtype != torch.float32 or embed.stride(1) != 1:
+            raise Unsupported("an embedding that is not float32 rows")
+        self.lm_head = weight(block(net.lm_head, 0, net.lm_head.shape[0], d))
+        self.norm_f = _floats(net.norm_f[:d])
+        self.embed, self.row_bytes, self.d, self.eps = embed, embed.stride(0) * 4, d, net.cfg.layer_norm_epsilon
+        self.h = torch.empty(d)
+        self.lib, self.keep = lib, keep
+
+    def __call__(self, token: int, cache: HybridCache) -> Tensor:
+        lib, h, threads = self.lib, self.h.data_ptr(), torch.get_num_threads()
+        if not 0 <= token < self.embed.shape[0]:
+            raise IndexError(f"token id {token} is outside the vocabulary (0..{self.embed.shape[0] - 1})")
+        pos = cache.lengths[0]
+        ctypes.memmove(h, self.embed.data_ptr() + token * self.row_bytes, self.d * 4)
+        for i, kind, args in self.blocks:
+            state = cache.layers[i]
+            if kind == "M":
+                rc = lib.mamba_step(ctypes.byref(args), h, state.conv.data_ptr(), state.ssm.data_ptr(), threads)
+            elif kind == "*":
+                state.grow(pos + 1)
+                rc = lib.attention_step(ctypes.byref(args), h, state.k.data_ptr(), state.v.data_ptr(),
+                                        state.k.shape[2], pos, threads)
+            elif kind == "E":
+                rc = lib.moe_step(ctypes.byref(args), h, threads)
+            else:
+                rc = lib.mlp_step(ctypes.byref(args), h, threads)
+            _check(rc, i)
+        logits = torch.empty(1, 1, self.lm_head.out)
+        _check(lib.head_step(h, self.norm_f, ctypes.byref(self.lm_head), self.d, self.eps, logits.data_ptr(),
+                             threads), len(cache.layers))
+        cache.lengths = [pos + 1]
+        return logits
+
+
+def _check(rc: int, layer: int) -> None:
+    if rc == -1:
+        raise MemoryError(f"out of memory for layer {layer}'s decode scratch buffer")
+    if rc:
+        raise RuntimeError(f"step.c failed in layer {layer} (code {rc})")
+
+
+def build(net: NemotronH, b: Budget) -> DecodeStep | None:
+    """Budget `b`'s C decode step, or None where step.c does not cover the network (module docstring)."""
+    if net.device.type != "cpu" or net.dtype != torch.float32:
+        return None
+    lib = gemv.library()
+    if lib is None:
+        return None
+    try:
+        return DecodeStep(net, b, lib)
+    except Unsupported as e:
+        log.info("budget %r decodes on the torch path: step.c does not read %s", b.name, e)
+        return None
+
+
+def serves(cache: HybridCache) -> bool:
+    """Whether a one-token step of this cache can run here: one sequence, states as the network made them."""
+    if cache.batch_size != 1:
+        return False
+    for s in cache.layers:
+        if isinstance(s, MambaState):
+            if not (s.conv.is_contiguous() and s.ssm.is_contiguous() and s.conv.dtype == torch.float32):
+                return False
+        elif isinstance(s, KVCache) and not (s.k.is_contiguous() and s.v.is_contiguous()
+                                             and s.k.dtype == torch.float32):
+            return False
+    return True

@@ -1,0 +1,121 @@
+"""model/step.c, the C decode step: one-token steps of one sequence against transformers (the oracle) and
+against the torch path, for every block kind, budget and precision; and where it hands over to torch."""
+
+import pytest
+import torch
+from test_model_vs_transformers import CONFIGS
+from tiny import ALIGNED, hf_logits, make_checkpoint
+
+import elastic_local
+from elastic_local.model import NemotronH, gemv, step
+
+pytestmark = pytest.mark.skipif(gemv.library() is None, reason="the CPU decode kernels need an x86 AVX2 CPU and cc")
+
+
+def greedy(net, budget, prompt: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits [steps, V] and tokens of `steps` one-token greedy steps after prefilling `prompt` (batch 1)."""
+    with torch.inference_mode():
+        cache = net.new_cache(budget=budget)
+        tok = net.forward(prompt[None], cache=cache, last_only=True)[:, -1].argmax(-1, keepdim=True)
+        logits, toks = [], []
+        for _ in range(steps):
+            out = net.forward(tok, cache=cache)[0, -1]
+            logits.append(out)
+            tok = out.argmax()[None, None]
+            toks.append(int(tok))
+    return torch.stack(logits), torch.tensor(toks)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_decode_steps_give_transformers_full_forward_logits(tmp_path, name):
+    hf = make_checkpoint(tmp_path, seed=2, **CONFIGS[name])
+    ids = torch.randint(0, 96, (1, 13), generator=torch.Generator().manual_seed(1))
+    m = elastic_local.load(tmp_path)
+    cache = m.new_cache()
+    with torch.inference_mode():
+        out = [m.forward(ids[:, :6], cache)] + [m.forward(ids[:, t:t + 1], cache) for t in range(6, 13)]
+    torch.testing.assert_close(torch.cat(out, dim=1), hf_logits(hf, ids), atol=1e-4, rtol=0)
+    assert cache.lengths == [13]
+    built = m.net.c_steps[m.budget()]
+    # group-limited routing is the torch path's (step.py); every other config decodes in C
+    assert (built is None) == (m.config.n_group > 1)
+
+
+@pytest.fixture(scope="module")
+def nested(tmp_path_factory):
+    from elastic_local.elastic.nest import nest
+
+    tmp = tmp_path_factory.mktemp("step")
+    # a state size and head size that leave vector tails (12 = 8 + 4) in the scan and attention
+    make_checkpoint(tmp / "parent", seed=3, **dict(ALIGNED, ssm_state_size=12, head_dim=12))
+    return nest(tmp / "parent", tmp / "nested", {"half": 0.5})
+
+
+@pytest.mark.parametrize("precision", [None, "fp8", "nvfp4"])
+def test_every_budget_decodes_like_the_torch_path_across_cache_growth(nested, precision, monkeypatch):
+    """70 steps: the KV cache regrows past its first capacity (64) inside the C step."""
+    m = elastic_local.load(nested, precision=precision)
+    prompt = torch.randint(0, 96, (9,), generator=torch.Generator().manual_seed(5))
+    for name in m.budgets:
+        b = m.budget(name)
+        with monkeypatch.context() as p:
+            p.setattr(step, "build", lambda net, b: None)
+            want_logits, want = greedy(m.net, b, prompt, 70)
+        m.net.c_steps.clear()
+        calls = []
+        with monkeypatch.context() as p:
+            p.setattr(NemotronH, "_layers", lambda net, ids, *a, _run=NemotronH._layers, _calls=calls, **k:
+                      _calls.append(ids.shape[1]) or _run(net, ids, *a, **k))
+            got_logits, got = greedy(m.net, b, prompt, 70)
+        assert isinstance(m.net.c_steps[b], step.DecodeStep), name
+        assert calls == [9], "a decode step ran the torch path"  # only the prefill
+        assert torch.equal(got, want), (precision, name)
+        torch.testing.assert_close(got_logits, want_logits, atol=1e-4, rtol=1e-4)
+
+
+def test_a_budget_with_a_layer_off_skips_it(nested):
+    from dataclasses import replace
+
+    from elastic_local.model.budget import Budget
+
+    m = elastic_local.load(nested)
+    full = m.budget()
+    off = Budget("no-moe", full.hidden, tuple(replace(s, enabled=s.kind != "E") for s in full.layers))
+    prompt = torch.randint(0, 96, (5,), generator=torch.Generator().manual_seed(1))
+    got, _ = greedy(m.net, off, prompt, 4)
+    assert isinstance(m.net.c_steps[off], step.DecodeStep)
+    m.net.c_steps[off] = None  # the torch path from here on
+    want, _ = greedy(m.net, off, prompt, 4)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_what_step_c_does_not_cover_runs_the_torch_path(nested):
+    m = elastic_local.load(nested, dtype=torch.bfloat16)
+    assert step.build(m.net, m.budget()) is None  # bf16 activations and states
+    m = elastic_local.load(nested)
+    two = m.new_cache(batch_size=2)
+    assert not step.serves(two)
+    with torch.inference_mode():
+        m.forward(torch.tensor([[1, 2], [3, 4]]), two)
+        out = m.forward(torch.tensor([[5], [6]]), two)  # two sequences: the torch path
+    assert out.shape == (2, 1, 96) and m.budget() not in m.net.c_steps
+
+
+def test_a_token_outside_the_vocabulary_is_refused_before_any_state_changes(nested):
+    m = elastic_local.load(nested)
+    cache = m.new_cache()
+    with torch.inference_mode():
+        m.forward(torch.tensor([[1, 2, 3]]), cache)
+        before = [s.ssm.clone() for s in cache.layers if hasattr(s, "ssm")]
+        with pytest.raises(IndexError, match="outside the vocabulary"):
+            m.net.forward(torch.tensor([[96]]), cache=cache)
+    assert cache.lengths == [3]
+    assert all(torch.equal(a, s.ssm) for a, s in zip(before, [s for s in cache.layers if hasattr(s, "ssm")]))
+
+
+def test_replacing_the_weights_forgets_the_steps_built_on_them(nested):
+    m = elastic_local.load(nested)
+    greedy(m.net, m.budget(), torch.tensor([1, 2]), 1)
+    assert m.net.c_steps
+    m.net.transpose_weights()
+    assert not m.net.c_steps
