@@ -7,8 +7,8 @@ Models: the embedded demo model (5.6M parameters, budgets full / mid / small) an
 ~136M random nested model (full / mid / small at 60% and 35% of the parameters; built once under
 benchmarks/_work/gen/). Each is loaded in float32 once per variant:
     torch     weights kept [in, out] (`linear.Transposed`), torch's matmul (ELASTIC_LOCAL_CPU_GEMV=0)
-    kernels   the default: the same layout, decode steps on the CPU decode kernels (model/gemv.c)
-    rows      ELASTIC_LOCAL_CPU_LAYOUT=rows: weights kept [out, in] as stored, on the kernels
+    kernels   the default: the same layout, decode steps in C (model/step.c on model/gemv.c's kernels)
+    rows      ELASTIC_LOCAL_CPU_LAYOUT=rows: weights kept [out, in] as stored, decode steps in C
     compiled  (--compile) the default with the decode step compiled (`load(compile=True)`), each budget
               compiled in the warm-up
 Batch-1 greedy decode of --new-tokens tokens after a 32-token prompt, eos ignored, through

@@ -8,12 +8,12 @@ float32, and runs the same prompt (random token ids, fixed seed) greedily for ex
 
     ours          elastic_local.load(...).forward(ids, cache=cache, last_only=True), prompt in one call,
                   then one token per call, under torch.inference_mode(); float32 weights kept [in, out],
-                  decode steps on the CPU decode kernels (model/gemv.c)
-    ours-torch    the same with the kernels off (ELASTIC_LOCAL_CPU_GEMV=0): torch's matmul
-    ours-rows     ELASTIC_LOCAL_CPU_LAYOUT=rows: weights kept [out, in], on the kernels
-    ours-compiled the decode step compiled (load(compile=True))
+                  decode steps in C (model/step.c, one call per block, on the kernels of model/gemv.c)
+    ours-torch    the same with the kernels off (ELASTIC_LOCAL_CPU_GEMV=0): torch's layers and matmul
+    ours-rows     ELASTIC_LOCAL_CPU_LAYOUT=rows: weights kept [out, in], decode steps in C
+    ours-compiled load(compile=True); on an x86 CPU the C step still takes one-sequence decode steps
     ours-fp8, ours-nvfp4  `ours` on the same weights quantized while loading (load(precision=...)),
-                  decode steps on the CPU decode kernels, float32 compute, lm_head kept float32;
+                  decode steps in C, float32 compute, lm_head kept float32;
                   against llama.cpp-q8_0 / -q4_0
     transformers-loop  the same bare loop on transformers: model(ids, cache=cache, use_cache=True,
                   logits_to_keep=1) + argmax (like for like with ours: neither has generate()'s overhead)
@@ -432,8 +432,8 @@ COMPARISONS = [  # (engine, engine, what the ratio compares)
         ("transformers-loop", "bare loop vs bare loop"),
         ("llama.cpp", "bare loop vs bare loop (Llama.eval + argmax)"),
         ("transformers", "bare loop vs generate(): not the same work"))),
-    ("ours", "ours-torch", "CPU decode kernels vs torch's matmul, both on [in, out]"),
-    ("ours-rows", "ours", "CPU decode kernels on [out, in] vs on [in, out]"),
+    ("ours", "ours-torch", "C decode step vs torch's layers, both on [in, out]"),
+    ("ours-rows", "ours", "C decode step on [out, in] vs on [in, out]"),
     ("ours-fp8", "llama.cpp-q8_0", "8-bit weights, lm_head float32 in both"),
     ("ours-nvfp4", "llama.cpp-q4_0", "4-bit weights, lm_head float32 in both"),
     ("ours-fp8", "ours", "FP8 vs float32 weights"),

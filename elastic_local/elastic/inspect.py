@@ -72,7 +72,7 @@ def _linear_kernel(precision: str, device: str) -> str:
     dev = torch.device(device)
     cpu_decode = dev.type == "cpu" and gemv.library() is not None  # model/gemv.py: x86 CPUs with a C compiler
     if precision == "bf16":
-        return "dense (decode: CPU decode kernels, model/gemv.c; prefill: torch)" if cpu_decode else \
+        return "dense (decode: in C, model/step.c on model/gemv.c; prefill: torch)" if cpu_decode else \
             "dense (oneDNN / cuBLAS)"
     k = kernels.active()
     cap = k.capability(dev) if k.op("scaled_mm", dev) is not None else None
