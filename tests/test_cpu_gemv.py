@@ -2,6 +2,7 @@
 the views budgets cut, and the fallbacks around them."""
 
 import platform
+import threading
 
 import pytest
 import torch
@@ -207,3 +208,21 @@ def test_both_layouts_decode_every_budget_like_torch_matmul(tmp_path, monkeypatc
                 assert torch.equal(got, want), name
                 for a, b in zip(got_logits, want_logits):
                     torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_loading_builds_the_kernels_in_the_background(monkeypatch, tmp_path):
+    """The first run after an install: `load` starts the build, so the first decode step finds it done."""
+    from elastic_local.paths import DEMO_MODEL
+
+    monkeypatch.setenv("ELASTIC_LOCAL_HOME", str(tmp_path))
+    monkeypatch.setattr(gemv, "_library", False)
+    started = []
+    prebuild = gemv.prebuild
+    monkeypatch.setattr(gemv, "prebuild", lambda: started.append(prebuild()) or started[-1])
+    elastic_local.load(DEMO_MODEL)
+    assert isinstance(started[0], threading.Thread)
+    started[0].join()
+    assert gemv.library_path().is_file() and gemv._library is False  # built, not loaded yet
+    monkeypatch.setenv("CC", "no-such-compiler")  # so library() can only load what the background built
+    assert gemv.library() is not None
+    assert gemv.prebuild() is None  # loaded: nothing left to build

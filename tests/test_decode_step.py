@@ -59,8 +59,17 @@ def nested(tmp_path_factory):
     return nest(tmp / "parent", tmp / "nested", {"half": 0.5})
 
 
+@pytest.fixture(params=[1, 3], ids=["1-thread", "3-threads"])
+def threads(request):
+    """One thread, and three (uneven shares of every product, split-K partial sums), whatever the machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("precision", [None, "fp8", "nvfp4"])
-def test_every_budget_decodes_like_the_torch_path_across_cache_growth(nested, precision, monkeypatch):
+def test_every_budget_decodes_like_the_torch_path_across_cache_growth(nested, precision, threads, monkeypatch):
     """70 steps: the KV cache regrows past its first capacity (64) inside the C step."""
     m = elastic_local.load(nested, precision=precision)
     prompt = torch.randint(0, 96, (9,), generator=torch.Generator().manual_seed(5))
@@ -97,6 +106,18 @@ def test_a_budget_with_a_layer_off_skips_it(nested):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+def test_a_step_without_grad_mode_runs_in_c_and_one_with_it_on_torch(nested):
+    net = elastic_local.load(nested).net
+    cache = net.new_cache()
+    with torch.no_grad():
+        net.forward(torch.tensor([[1, 2, 3]]), cache=cache)
+        net.forward(torch.tensor([[4]]), cache=cache)
+    assert isinstance(net.c_steps[net.resident], step.DecodeStep)
+    net.c_steps.clear()
+    net.forward(torch.tensor([[5]]), cache=cache)  # grad mode on (training): the torch layers
+    assert not net.c_steps and cache.lengths == [5]
+
+
 def test_what_step_c_does_not_cover_runs_the_torch_path(nested):
     m = elastic_local.load(nested, dtype=torch.bfloat16)
     assert step.build(m.net, m.budget()) is None  # bf16 activations and states
@@ -127,3 +148,14 @@ def test_replacing_the_weights_forgets_the_steps_built_on_them(nested):
     assert m.net.c_steps
     m.net.transpose_weights()
     assert not m.net.c_steps
+
+
+def test_a_head_wider_than_the_split_k_scratch_splits_its_outputs(tmp_path, threads):
+    """step.c's SPLIT_K_MAX_OUT (8192): a wider LM head takes the output split, on any thread count."""
+    hf = make_checkpoint(tmp_path, seed=6, vocab_size=8300)
+    ids = torch.randint(0, 8300, (1, 7), generator=torch.Generator().manual_seed(2))
+    m = elastic_local.load(tmp_path)
+    cache = m.new_cache()
+    out = [m.forward(ids[:, :4], cache)] + [m.forward(ids[:, t:t + 1], cache) for t in range(4, 7)]
+    assert isinstance(m.net.c_steps[m.budget()], step.DecodeStep)
+    torch.testing.assert_close(torch.cat(out, dim=1), hf_logits(hf, ids), atol=1e-4, rtol=0)

@@ -9,6 +9,7 @@ import torch
 
 from ..checkpoint.load import load_network
 from ..elastic.table import read_budgets
+from ..model import gemv
 from ..model.config import NemotronHConfig
 from ..model.schema import stored_budget
 from ..paths import default_model
@@ -61,6 +62,8 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     if budget is not None and budget not in budgets:
         raise KeyError(f"unknown budget {budget!r}; {path} has {list(budgets)}")
     resident = budgets[budget] if budget is not None else next(iter(budgets.values()))
+    if torch.device(device).type == "cpu":
+        gemv.prebuild()  # the CPU decode kernels, built while the weights load (first run after an install)
     net = load_network(path, resident=resident, stored=stored_budget(cfg), dtype=dtype, device=device,
                        progress=progress, precision=precision, keep=keep)
     if torch.device(device).type == "cpu" and dtype == torch.float32 and cpu_layout() == "transposed":

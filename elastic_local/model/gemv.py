@@ -21,6 +21,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 
@@ -98,11 +99,32 @@ def library() -> ctypes.CDLL | None:
     return _library
 
 
+def _supported() -> bool:
+    return (os.environ.get(ENV) != "0" and platform.machine().lower() in ("x86_64", "amd64")
+            and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"))
+
+
+def prebuild() -> threading.Thread | None:
+    """Build the library in the background if it is not built yet. The loader calls this so that the
+    ~2 s a build takes (once per install) overlaps the weights' load and, in the chat app, the user's
+    typing. Only the file: `library()` loads it, waiting for this build if it comes first, and reports
+    a failed build."""
+    global _building
+    if _library is not False or not _supported() or library_path().is_file():
+        return None
+    _building = threading.Thread(target=_compile, args=(library_path(),), name="elastic-kernels-build", daemon=True)
+    _building.start()
+    return _building
+
+
+_building: threading.Thread | None = None
+
+
 def _load() -> ctypes.CDLL | None:
-    if os.environ.get(ENV) == "0" or platform.machine().lower() not in ("x86_64", "amd64"):
+    if not _supported():
         return None
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        return None
+    if _building is not None:
+        _building.join()  # a build `prebuild` started: wait for it rather than compile a second time
     path = library_path()
     lib, why = None, None
     for _ in range(2):  # a cached library that does not load (truncated, say) is rebuilt once

@@ -217,14 +217,15 @@ class NemotronH:
         if cache is not None and budget is not None and budget != cache.budget:
             raise ValueError(f"this cache belongs to budget {cache.budget.name!r}, not {budget.name!r}")
         T = ids.shape[1]
-        if (cache is not None and T == 1 and soft is None and soft_hidden is None and self.observer is None
-                and torch.is_inference_mode_enabled()):
-            if ids.shape[0] == 1 and self.device.type == "cpu" and step.serves(cache):
+        if cache is not None and T == 1 and soft is None and soft_hidden is None and self.observer is None:
+            # the C step computes no gradients: without grad mode it serves (inference_mode, no_grad)
+            if ids.shape[0] == 1 and not torch.is_grad_enabled():
                 if b not in self.c_steps:
                     self.c_steps[b] = step.build(self, b)
-                if self.c_steps[b] is not None:
-                    return self.c_steps[b](int(ids[0, 0]), cache)
-            if self.compiled is not None:
+                c_step = self.c_steps[b]
+                if c_step is not None and step.serves(cache):
+                    return c_step(int(ids[0, 0]), cache)
+            if self.compiled is not None and torch.is_inference_mode_enabled():
                 return self._compiled_step(ids, b, cache)
         if cache is None or T <= self.prefill_chunk:
             return self._forward(ids, b, cache, last_only, soft, soft_hidden)

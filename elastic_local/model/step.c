@@ -57,16 +57,17 @@ typedef struct {
 /* y = W x for a transposed weight T [K, ld]: each thread sums a contiguous run of T's rows (a budget view
    of whole rows is one block of memory: one sequential stream per thread) into its own row of partial
    sums, then, after a barrier, adds up its share [n0, n1) of the outputs. Splitting the outputs instead
-   gives each thread short pieces of every row: measured 1.0-1.7x slower on 2 threads, most for few
-   outputs (the down projections). */
+   gives each thread short pieces of every row: 1.0-1.7x slower on 2 threads in a scratch timing, most
+   for few outputs (the down projections); equal at 16384 outputs, so products wider than the scratch
+   (SPLIT_K_MAX_OUT, the LM head) split their outputs and need no partial rows. */
 static void split_k(const weight *w, const float *x, float *y, int64_t n0, int64_t n1, partials *ps) {
     const int64_t N = w->out, K = w->in;
     int64_t parts = 1, part = 0;
 #ifdef _OPENMP
     parts = omp_get_num_threads(), part = omp_get_thread_num();
 #endif
-    if (parts == 1) {
-        part_t_f32(x, w->w, y, 1, N, K, w->ld, 0, N);
+    if (parts == 1 || N > ps->width) {
+        part_t_f32(x, w->w, y, 1, N, K, w->ld, n0, n1);
         return;
     }
     float *round = ps->rows + ps->round * parts * ps->width;
@@ -100,9 +101,13 @@ static void matvec(const weight *w, const float *x, float *y, int64_t *n0, int64
 
 static inline int64_t max3(int64_t a, int64_t b, int64_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
-/* The split-K scratch for products of up to `width` outputs on `threads` threads (NULL: out of memory). */
-static float *partial_rows(int64_t width, int threads) {
-    return malloc(sizeof(float) * 2 * (threads > 1 ? threads : 1) * width);
+#define SPLIT_K_MAX_OUT 8192
+
+/* A block's one allocation: `n` floats of its own, then split_k's two rounds of partial rows for products
+   of up to `*width` outputs (capped at SPLIT_K_MAX_OUT, which bounds it at 64 KiB per thread). */
+static float *scratch(int64_t n, int64_t *width, int threads) {
+    if (*width > SPLIT_K_MAX_OUT) *width = SPLIT_K_MAX_OUT;
+    return malloc(sizeof(float) * (n + 2 * (threads > 1 ? threads : 1) * *width));
 }
 
 static inline float silu(float v) { return v / (1.f + expf(-v)); }
@@ -174,13 +179,11 @@ static void ssm_head(const mamba *L, int64_t j, const float *xs, const float *B,
 int mamba_step(const mamba *L, float *h, float *conv, float *ssm, int threads) {
     const int64_t d = L->d, k = L->heads, G = L->groups, p = L->head_dim, N = L->state, K = L->conv_k;
     const int64_t r = k / G, kp = k * p, gn = G * N, C = kp + 2 * gn;
-    float *buf = malloc(sizeof(float) * (2 * d + 2 * kp + C + k));
-    const int64_t width = max3(kp, 2 * gn, d);
-    float *rows = partial_rows(width, threads);
-    if (!buf || !rows) {
-        free(buf), free(rows);
-        return -1;
-    }
+    int64_t width = max3(kp, 2 * gn, d);
+    const int64_t own = 2 * d + 2 * kp + C + k;
+    float *buf = scratch(own, &width, threads);
+    if (!buf) return -1;
+    float *rows = buf + own;
     float *x = buf, *z = x + d, *xbc = z + kp, *dt = xbc + C, *y = dt + k, *out = y + kp;
     REGION {
         int64_t n0, n1;
@@ -224,7 +227,7 @@ int mamba_step(const mamba *L, float *h, float *conv, float *ssm, int threads) {
         matvec(&L->out, y, out, &n0, &n1, &ps);
         for (int64_t i = n0; i < n1; i++) h[i] += out[i];
     }
-    free(buf), free(rows);
+    free(buf);
     return 0;
 }
 
@@ -240,13 +243,11 @@ typedef struct {
 /* kc, vc [KV, capacity, hd]: positions < pos are cached; this token's key and value go to pos. */
 int attention_step(const attention *L, float *h, float *kc, float *vc, int64_t capacity, int64_t pos, int threads) {
     const int64_t d = L->d, H = L->heads, KV = L->kv_heads, hd = L->head_dim, T = pos + 1;
-    float *buf = malloc(sizeof(float) * (2 * d + H * hd + 2 * KV * hd + H * hd + H * T));
-    const int64_t width = max3(H * hd, KV * hd, d);
-    float *rows = partial_rows(width, threads);
-    if (!buf || !rows) {
-        free(buf), free(rows);
-        return -1;
-    }
+    int64_t width = max3(H * hd, KV * hd, d);
+    const int64_t own = 2 * d + H * hd + 2 * KV * hd + H * hd + H * T;
+    float *buf = scratch(own, &width, threads);
+    if (!buf) return -1;
+    float *rows = buf + own;
     float *x = buf, *q = x + d, *kn = q + H * hd, *vn = kn + KV * hd, *att = vn + KV * hd, *p = att + H * hd;
     float *out = p + H * T;
     const float scale = 1.f / sqrtf((float)hd);
@@ -280,7 +281,7 @@ int attention_step(const attention *L, float *h, float *kc, float *vc, int64_t c
         matvec(&L->o, att, out, &n0, &n1, &ps);
         for (int64_t i = n0; i < n1; i++) h[i] += out[i];
     }
-    free(buf), free(rows);
+    free(buf);
     return 0;
 }
 
@@ -326,13 +327,11 @@ static void up_relu2(const weight *up, const float *x, float *hidden, partials *
    the torch path's order: experts best first, then the shared expert. */
 int moe_step(const moe *L, float *h, int threads) {
     const int64_t d = L->d, E = L->experts, k = L->top_k, I = L->hidden;
-    float *buf = malloc(sizeof(float) * (d + E + (k + 1) * (I + d)));
-    const int64_t width = max3(I, d, 0);
-    float *rows = partial_rows(width, threads);
-    if (!buf || !rows) {
-        free(buf), free(rows);
-        return -1;
-    }
+    int64_t width = max3(I, d, 0);
+    const int64_t own = d + E + (k + 1) * (I + d);
+    float *buf = scratch(own, &width, threads);
+    if (!buf) return -1;
+    float *rows = buf + own;
     float *x = buf, *score = x + d, *hidden = score + E, *outs = hidden + (k + 1) * I;
     int64_t ids[k];
     float w[k];
@@ -354,7 +353,7 @@ int moe_step(const moe *L, float *h, int threads) {
             h[c] += acc + outs[k * d + c];
         }
     }
-    free(buf), free(rows);
+    free(buf);
     return 0;
 }
 
@@ -367,13 +366,11 @@ typedef struct {
 
 int mlp_step(const mlp *L, float *h, int threads) {
     const int64_t d = L->d;
-    float *buf = malloc(sizeof(float) * (2 * d + L->up.out));
-    const int64_t width = max3(L->up.out, d, 0);
-    float *rows = partial_rows(width, threads);
-    if (!buf || !rows) {
-        free(buf), free(rows);
-        return -1;
-    }
+    int64_t width = max3(L->up.out, d, 0);
+    const int64_t own = 2 * d + L->up.out;
+    float *buf = scratch(own, &width, threads);
+    if (!buf) return -1;
+    float *rows = buf + own;
     float *x = buf, *out = x + d, *hidden = out + d;
     REGION {
         partials ps = {rows, width, 0};
@@ -384,7 +381,7 @@ int mlp_step(const mlp *L, float *h, int threads) {
         matvec(&L->down, hidden, out, &n0, &n1, &ps);
         for (int64_t i = n0; i < n1; i++) h[i] += out[i];
     }
-    free(buf), free(rows);
+    free(buf);
     return 0;
 }
 
@@ -393,18 +390,16 @@ int mlp_step(const mlp *L, float *h, int threads) {
 /* logits [V] = lm_head(norm_f(h)) */
 int head_step(const float *h, const float *norm, const weight *lm_head, int64_t d, float eps, float *logits,
               int threads) {
-    const int64_t width = lm_head->out;
-    float *x = malloc(sizeof(float) * d), *rows = partial_rows(width, threads);
-    if (!x || !rows) {
-        free(x), free(rows);
-        return -1;
-    }
+    int64_t width = lm_head->out;
+    float *x = scratch(d, &width, threads);
+    if (!x) return -1;
+    float *rows = x + d;
     REGION {
         int64_t n0, n1;
         partials ps = {rows, width, 0};
         SINGLE rms_norm(h, norm, x, d, eps);
         matvec(lm_head, x, logits, &n0, &n1, &ps);
     }
-    free(x), free(rows);
+    free(x);
     return 0;
 }
