@@ -59,15 +59,6 @@ def nested(tmp_path_factory):
     return nest(tmp / "parent", tmp / "nested", {"half": 0.5})
 
 
-@pytest.fixture(params=[1, 3], ids=["1-thread", "3-threads"])
-def threads(request):
-    """One thread, and three (uneven shares of every product, split-K partial sums), whatever the machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("precision", [None, "fp8", "nvfp4"])
 def test_every_budget_decodes_like_the_torch_path_across_cache_growth(nested, precision, threads, monkeypatch):
     """70 steps: the KV cache regrows past its first capacity (64) inside the C step."""

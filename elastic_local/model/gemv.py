@@ -31,7 +31,8 @@ from torch import Tensor
 from ..paths import cache_dir
 
 ENV = "ELASTIC_LOCAL_CPU_GEMV"  # "0": never build or use the kernels
-# gemv.c: the products; step.c: whole decode-step blocks built on them (model/step.py)
+# gemv.c: the products; step.c: whole decode-step blocks built on them (model/step.py), the sequential
+# parts of a Mamba2 prefill (model/kernels.py) and a prefill's routed experts (model/moe.py)
 SOURCES = [Path(__file__).with_name(name) for name in ("gemv.c", "step.c")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fPIC", "-shared"]
 # Rows of x the kernels take: float weights up to MAX_ROWS (past that, torch's matmul, which reuses what
@@ -53,6 +54,9 @@ _SIGNATURES = {
     "moe_step": [_P, _P, _C],
     "mlp_step": [_P, _P, _C],
     "head_step": [_P, _P, _P, _I, _F, _P, _C],
+    "conv_prefill": [_P, _I, _I, _P, _P, _P, _P, _I, _I, _I, _I, _C],
+    "ssm_scan": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _C],
+    "experts_prefill": [_P, _I, _I, _P, _P, _I, _I, _P, _I, _I, _P, _I, _I, _I, _P, _C],
 }
 
 

@@ -4,7 +4,9 @@ Ops: the Mamba2 chunked scan and one-step state update (mamba_ssm), the depthwis
 for a prefill and for one token (causal_conv1d), and the scaled matmul of FP8 / NVFP4 weights
 (`torch._scaled_mm`, on GPUs whose compute capability runs the format natively, see model/cost.py).
 A `KernelSet` serves one device type; on any other device, or where it lacks a kernel, the pure-torch
-reference runs (ssd.py; quantized weights dequantize inside the matmul).
+reference runs (ssd.py; quantized weights dequantize inside the matmul). On an x86 CPU a float32 prefill
+that needs no gradient runs the scan and the convolution in C instead (step.c, through `cpu_library`): torch's
+chunked scan and oneDNN's depthwise convolution cost more there than the layer's projections.
 
 `active()` picks the set on first use: ELASTIC_LOCAL_KERNELS=torch forces the torch path; otherwise
 mamba_ssm and causal_conv1d are imported for real, so a build against another torch falls back here
@@ -18,6 +20,7 @@ Argument layouts follow the kernels (mamba_ssm 2.2+, causal_conv1d 1.4+): heads 
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import os
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import ssd
+from . import gemv, ssd
 
 log = logging.getLogger(__name__)
 FORCE_ENV = "ELASTIC_LOCAL_KERNELS"  # "torch": never use the optional kernels
@@ -126,17 +129,34 @@ def _channel_last(xt: torch.Tensor) -> torch.Tensor:
     return xt.transpose(1, 2).contiguous().transpose(1, 2)
 
 
+def cpu_library(*tensors: torch.Tensor | None):
+    """The CPU library (gemv.py) where every tensor is a float32 CPU tensor, no gradient is to be computed
+    and the call is not being traced; else None (the torch reference runs, and training differentiates it)."""
+    given = [t for t in tensors if t is not None]
+    if (torch.compiler.is_compiling() or any(t.device.type != "cpu" or t.dtype != torch.float32 for t in given)
+            or (torch.is_grad_enabled() and any(t.requires_grad for t in given))):
+        return None
+    return gemv.library()
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   state: torch.Tensor | None) -> torch.Tensor:
     """silu(causal depthwise conv) of x [b, T, C] with weight [C, K]; continues from and updates `state`
     [b, C, K] (the last K inputs) in place."""
     k = active()
     T, (C, K) = x.shape[1], weight.shape
+    conv = k.op("conv", x.device)
+    if (conv is None and T > 1 and (state is None or state.is_contiguous())
+            and (lib := cpu_library(x, weight, bias, state)) is not None):
+        return _cpu_conv(lib, x, weight, bias, state)
     update = k.op("conv_update", x.device)
     if update is not None and state is not None and T == 1:
         # state_len K >= width - 1: the kernel shifts the window by one and appends x, as ssd.causal_conv1d does
         return update(x[:, 0], state, weight, bias, activation="silu")[:, None]
-    conv = k.op("conv", x.device)
     if conv is None or C % 8 or not 2 <= K <= 4:  # the kernel's limits
         return ssd.causal_conv1d(x, weight, bias, state)
     xt = _channel_last(x.transpose(1, 2))  # (b, C, T)
@@ -151,6 +171,8 @@ def ssd_scan(x, dt, A, B, C, chunk: int, initial_state: torch.Tensor | None):
     """Chunked scan; shapes as ssd.ssd_chunked (group-major heads): x [b, T, G, r, p], dt [b, T, G, r]
     (after softplus), A [G, r], B, C [b, T, G, N], initial_state [b, G, r, p, N] or None."""
     scan = active().op("chunk_scan", x.device)
+    if scan is None and (lib := cpu_library(x, dt, A, B, C, initial_state)) is not None:
+        return _cpu_scan(lib, x, dt, A, B, C, initial_state)
     if scan is None:
         return ssd.ssd_chunked(x, dt, A, B, C, chunk, initial_state)
     b, T, G, r, p = x.shape
@@ -159,6 +181,38 @@ def ssd_scan(x, dt, A, B, C, chunk: int, initial_state: torch.Tensor | None):
     y, final = scan(x.reshape(b, T, G * r, p), dt.reshape(b, T, G * r), A.reshape(G * r), B, C,
                     chunk_size=chunk, initial_states=init, return_final_states=True)
     return y.view(b, T, G, r, p), final.view(b, G, r, p, N)
+
+
+def _cpu_conv(lib, x, weight, bias, state):
+    """causal_conv1d by step.c's conv_prefill: 8 channels at a time across the prompt, silu fused."""
+    (b, T, C), K = x.shape, weight.shape[1]
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    weight, bias = weight.contiguous(), None if bias is None else bias.contiguous()  # alive for the call
+    out = x.new_empty(b, T, C)
+    if lib.conv_prefill(x.data_ptr(), x.stride(0), x.stride(1), weight.data_ptr(), _ptr(bias), _ptr(state),
+                        out.data_ptr(), b, T, C, K, torch.get_num_threads()):
+        raise MemoryError(f"out of memory for the convolution's {C}x{2 * K - 1} taps")
+    return out
+
+
+def _cpu_scan(lib, x, dt, A, B, C, initial_state):
+    """ssd_scan by step.c's ssm_scan: the recurrence token by token, one head's state in cache throughout."""
+    b, T, G, r, p = x.shape
+    N = B.shape[-1]
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    B, C = (t if t.stride(-1) == 1 else t.contiguous() for t in (B, C))
+    if B.stride() != C.stride():
+        B, C = B.contiguous(), C.contiguous()
+    y = x.new_empty(b, T, G, r, p)
+    final = x.new_zeros(b, G, r, p, N) if initial_state is None else initial_state.clone(
+        memory_format=torch.contiguous_format)
+    A = A.contiguous()
+    xs, dts, bcs = ((ctypes.c_int64 * n)(*t.stride()[:n]) for t, n in ((x, 4), (dt, 4), (B, 3)))
+    if lib.ssm_scan(x.data_ptr(), xs, dt.data_ptr(), dts, A.data_ptr(), B.data_ptr(), C.data_ptr(), bcs,
+                    y.data_ptr(), final.data_ptr(), b, T, G, r, p, N, torch.get_num_threads()):
+        raise MemoryError(f"out of memory for a {p}x{N} SSM state copy")
+    return y, final
 
 
 def ssm_step(ssm: torch.Tensor, x, dt, A, B, C) -> torch.Tensor:

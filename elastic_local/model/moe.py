@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .linear import block, linear
+from . import kernels
+from .linear import Transposed, block, linear
 from .soft import SoftLayer, unit_weights
 
 
@@ -73,8 +74,9 @@ def route(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, experts: int,
 
 def moe(x: torch.Tensor, w: MoEWeights, experts: int, channels: int, shared_channels: int, cfg,
         soft: SoftLayer | None = None) -> torch.Tensor:
-    """Routed experts + shared expert. Tokens are grouped by expert (one sort), then each expert that got
-    any token runs once on all of its tokens: the Python loop is over experts, never over tokens."""
+    """Routed experts + shared expert. Several tokens: in C where it runs (`_experts_cpu`), else grouped by
+    expert (one sort) and each expert that got any token runs once on all of its tokens: the Python loop
+    is over experts, never over tokens."""
     keep, keep_shared = unit_weights(soft, "expert_channels", channels), unit_weights(soft, "shared_channels",
                                                                                       shared_channels)
     shape = x.shape
@@ -84,12 +86,21 @@ def moe(x: torch.Tensor, w: MoEWeights, experts: int, channels: int, shared_chan
     if flat.shape[0] == 1:  # one token (batch-1 decode): just its k experts, no sorting
         out = sum(mlp(flat, w.up[e], w.down[e], channels, keep) * wt
                   for e, wt in zip(ids[0].tolist(), weights[0].to(x.dtype).unbind()))
-        return out.view(shape) + mlp(x, w.shared_up, w.shared_down, shared_channels, keep_shared)
-    k = ids.shape[1]
+    else:
+        out = None if keep is not None else _experts_cpu(flat, w, experts, channels, ids, weights)
+        if out is None:
+            out = _experts_grouped(flat, w, experts, channels, ids, weights, keep)
+    return out.to(x.dtype).view(shape) + mlp(x, w.shared_up, w.shared_down, shared_channels, keep_shared)
+
+
+def _experts_grouped(flat: torch.Tensor, w: MoEWeights, experts: int, channels: int, ids: torch.Tensor,
+                     weights: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """The routed experts' sum [N, d] float32 in torch: the (token, expert) pairs sorted by expert, each
+    expert once on its rows, added into place (a shape per expert: the compiled decode step traces it)."""
     order = ids.reshape(-1).argsort()
     counts = torch.bincount(ids.reshape(-1), minlength=experts).tolist()
-    token_of = order // k
-    out = torch.zeros(flat.shape[0], d, dtype=torch.float32, device=x.device)
+    token_of = order // ids.shape[1]
+    out = torch.zeros(flat.shape[0], flat.shape[1], dtype=torch.float32, device=flat.device)
     pos = 0
     for e, n in enumerate(counts):
         if n == 0:
@@ -98,5 +109,26 @@ def moe(x: torch.Tensor, w: MoEWeights, experts: int, channels: int, shared_chan
         h = mlp(flat[rows], w.up[e], w.down[e], channels, keep)
         out.index_add_(0, rows, h.float() * weights.reshape(-1)[order[pos:pos + n], None])
         pos += n
-    out = out.to(x.dtype).view(shape)
-    return out + mlp(x, w.shared_up, w.shared_down, shared_channels, keep_shared)
+    return out
+
+
+def _experts_cpu(flat: torch.Tensor, w: MoEWeights, experts: int, channels: int, ids: torch.Tensor,
+                 weights: torch.Tensor) -> torch.Tensor | None:
+    """The routed experts' sum [N, d] float32 for tokens `flat` [N, d] in C (step.c's experts_prefill),
+    or None where it does not run: expert weights other than float32 kept transposed (the CPU default),
+    another device, or gradients to compute."""
+    up, down = w.up, w.down
+    if not (isinstance(up, Transposed) and isinstance(down, Transposed)):
+        return None
+    n, d = flat.shape
+    up, down = up.t[:experts, :d, :channels], down.t[:experts, :channels, :d]  # [E, in, out] views
+    lib = kernels.cpu_library(flat, up, down, weights)
+    if lib is None or up.stride(-1) != 1 or down.stride(-1) != 1:
+        return None
+    flat, ids, weights = flat.contiguous(), ids.contiguous(), weights.float().contiguous()
+    out = torch.zeros(n, d)
+    if lib.experts_prefill(flat.data_ptr(), n, d, ids.data_ptr(), weights.data_ptr(), ids.shape[1], experts,
+                           up.data_ptr(), up.stride(0), up.stride(1), down.data_ptr(), down.stride(0),
+                           down.stride(1), channels, out.data_ptr(), torch.get_num_threads()):
+        raise MemoryError(f"out of memory for the experts' buffers of {n} tokens")
+    return out

@@ -1,5 +1,6 @@
 /* One batch-1 decode step of a Nemotron-H block on the CPU, in one call per block (model/step.py builds the
- * arguments once per budget and calls these; gemv.c, built into the same library, does the products).
+ * arguments once per budget and calls these; gemv.c, built into the same library, does the products);
+ * at the end, the sequential parts of a Mamba2 prefill (model/kernels.py calls them).
  *
  * Why: a decode step of a small model is a few thousand small torch ops whose dispatch costs more than
  * reading the weights (README, CPU decode kernels). Here a block is one call and one parallel region:
@@ -145,33 +146,36 @@ typedef struct {
     float dt_min, dt_max, eps;
 } mamba;
 
+/* One row of a head's SSM state, s [N] = a s + dx B, and its readout C.s. */
+static inline float ssm_row(float *s, float a, float dx, const float *B, const float *C, int64_t N) {
+    const __m256 va = _mm256_set1_ps(a), vdx = _mm256_set1_ps(dx);
+    __m256 acc = _mm256_setzero_ps();
+    int64_t n = 0;
+    for (; n + 8 <= N; n += 8) {
+        __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(s + n), va, _mm256_mul_ps(vdx, _mm256_loadu_ps(B + n)));
+        _mm256_storeu_ps(s + n, v);
+        acc = _mm256_fmadd_ps(v, _mm256_loadu_ps(C + n), acc);
+    }
+    float t = 0.f, lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    for (int q = 0; q < 8; q++) t += lanes[q];
+    for (; n < N; n++) {
+        s[n] = s[n] * a + dx * B[n];
+        t += s[n] * C[n];
+    }
+    return t;
+}
+
 /* State update and readout of head j (rank j / G of group j % G) into y[j*p : (j+1)*p]. */
 static void ssm_head(const mamba *L, int64_t j, const float *xs, const float *B, const float *Cm, float dt,
                      float *ssm, float *y) {
     const int64_t G = L->groups, p = L->head_dim, N = L->state, g = j % G, r = L->heads / G;
     const float dtj = fminf(fmaxf(softplus(dt + L->dt_bias[j]), L->dt_min), L->dt_max);
     const float a = expf(dtj * L->A[j]);
-    const __m256 dA = _mm256_set1_ps(a);
     float *s = ssm + ((g * r + j / G) * p) * N;
-    const float *Bg = B + g * N, *Cg = Cm + g * N;
     for (int64_t i = 0; i < p; i++, s += N) {
         const float xi = xs[j * p + i];
-        const __m256 dx = _mm256_set1_ps(dtj * xi);
-        __m256 acc = _mm256_setzero_ps();
-        int64_t n = 0;
-        for (; n + 8 <= N; n += 8) {
-            __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(s + n), dA, _mm256_mul_ps(dx, _mm256_loadu_ps(Bg + n)));
-            _mm256_storeu_ps(s + n, v);
-            acc = _mm256_fmadd_ps(v, _mm256_loadu_ps(Cg + n), acc);
-        }
-        float t = 0.f, lanes[8];
-        _mm256_storeu_ps(lanes, acc);
-        for (int q = 0; q < 8; q++) t += lanes[q];
-        for (; n < N; n++) {
-            s[n] = s[n] * a + dtj * xi * Bg[n];
-            t += s[n] * Cg[n];
-        }
-        y[j * p + i] = t + L->D[j] * xi;
+        y[j * p + i] = ssm_row(s, a, dtj * xi, B + g * N, Cm + g * N, N) + L->D[j] * xi;
     }
 }
 
@@ -401,5 +405,270 @@ int head_step(const float *h, const float *norm, const weight *lm_head, int64_t 
         matvec(lm_head, x, logits, &n0, &n1, &ps);
     }
     free(x);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ Mamba2 over a prompt */
+
+/* The two sequential parts of a Mamba2 mixer's prefill (mamba2.py through model/kernels.py; the products
+ * around them stay torch's matmul). torch's chunked scan (ssd.py) is a few dozen ops on [chunk, chunk]
+ * tiles per layer, and its depthwise convolution goes through oneDNN: on the CPU they cost more than
+ * the layer's projections. Here each is one pass, in the order the decode step takes (the recurrence
+ * is the definition the chunked scan computes by blocks). */
+
+/* e^v for 8 floats: Cephes' expf (2^n times a degree-6 polynomial on [-ln2/2, ln2/2]), within 2 ulp of
+   libm's over the range where silu's result is not 0 or v. */
+static inline __m256 exp256(__m256 v) {
+    v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), v);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 q = _mm256_set1_ps(1.9875691500e-4f);
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.3981999507e-3f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(8.3334519073e-3f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(4.1665795894e-2f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.6666665459e-1f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(5.0000001201e-1f));
+    q = _mm256_fmadd_ps(_mm256_mul_ps(q, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(q, _mm256_castsi256_ps(e));
+}
+
+/* silu(causal depthwise conv) of x [b, T, C] (x[i, t, c] at x + i * ldb + t * ldt + c) with weight
+   [C, K] and bias [C] (or NULL) into out [b, T, C] (contiguous). state [b, C, K] (or NULL: zeros before
+   x) holds the last K inputs before x and is left holding the last K inputs after it. Returns -1 where
+   the scratch could not be allocated. Each thread takes a run of channels, 8 at a time, across every
+   time step: the taps are the weight's columns, transposed once. */
+int conv_prefill(const float *x, int64_t ldb, int64_t ldt, const float *w, const float *bias, float *state,
+                 float *out, int64_t b, int64_t T, int64_t C, int64_t K, int threads) {
+    const int64_t C8 = (C + 7) / 8 * 8;
+    float *taps = calloc((size_t)(2 * K - 1) * C8, sizeof(float)); /* [K, C8] weights, [K - 1, C8] history */
+    if (!taps) return -1;
+    float *hist = taps + K * C8;
+    for (int64_t c = 0; c < C; c++)
+        for (int64_t j = 0; j < K; j++) taps[j * C8 + c] = w[c * K + j];
+    for (int64_t i = 0; i < b; i++) {
+        float *s = state ? state + i * C * K : NULL;
+        const float *xi = x + i * ldb;
+        for (int64_t j = 0; j < K - 1; j++) /* the K - 1 inputs before x, time-major like x */
+            for (int64_t c = 0; c < C; c++) hist[j * C8 + c] = s ? s[c * K + j + 1] : 0.f;
+        #pragma omp parallel num_threads(threads)
+        {
+            int64_t c0, c1; /* this thread's channels, in whole 8s */
+            share(C8 / 8, &c0, &c1);
+            for (int64_t t = 0; t < T; t++) /* row by row: each thread reads a run of each input row */
+                for (int64_t c = c0 * 8; c < c1 * 8; c += 8) {
+                    const int64_t lanes = C - c < 8 ? C - c : 8;
+                    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)lanes),
+                                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+                    /* masked moves only for the last, partial 8: AMD runs them in microcode */
+                    __m256 a = !bias ? _mm256_setzero_ps()
+                               : lanes == 8 ? _mm256_loadu_ps(bias + c) : _mm256_maskload_ps(bias + c, mask);
+                    for (int64_t j = 0; j < K; j++) {
+                        const int64_t u = t - (K - 1) + j; /* the input time this tap reads */
+                        const float *row = (u >= 0 ? xi + u * ldt : hist + (K - 1 + u) * C8) + c;
+                        const __m256 in = lanes == 8 ? _mm256_loadu_ps(row) : _mm256_maskload_ps(row, mask);
+                        a = _mm256_fmadd_ps(_mm256_loadu_ps(taps + j * C8 + c), in, a);
+                    }
+                    /* silu(a) = a / (1 + e^-a) */
+                    a = _mm256_div_ps(a, _mm256_add_ps(_mm256_set1_ps(1.f), exp256(_mm256_sub_ps(_mm256_setzero_ps(), a))));
+                    if (lanes == 8) _mm256_storeu_ps(out + (i * T + t) * C + c, a);
+                    else _mm256_maskstore_ps(out + (i * T + t) * C + c, mask, a);
+                }
+        }
+        if (s) /* the window after x: x's last inputs, the state's latest before them (ascending: reads ahead) */
+            for (int64_t c = 0; c < C; c++)
+                for (int64_t j = 0; j < K; j++) s[c * K + j] = T + j >= K ? xi[(T + j - K) * ldt + c] : s[c * K + T + j];
+    }
+    free(taps);
+    return 0;
+}
+
+/* Rows [e, e + 8q) of one token of a head's recurrence on its state held transposed, sT [N, p]: for each
+   state column n, s = a s + (d x) B_n and y += C_n s. q is a constant where it is inlined, which keeps
+   the 2q vectors in registers. */
+static inline __attribute__((always_inline)) void ssm_rows_t(int q, float *sT, int64_t p, int64_t N, __m256 va,
+                                                             __m256 vd, const float *x, const float *B,
+                                                             const float *C, float *y) {
+    __m256 dx[4], acc[4];
+    for (int j = 0; j < q; j++) {
+        dx[j] = _mm256_mul_ps(vd, _mm256_loadu_ps(x + 8 * j));
+        acc[j] = _mm256_setzero_ps();
+    }
+    for (int64_t n = 0; n < N; n++) {
+        const __m256 bn = _mm256_broadcast_ss(B + n), cn = _mm256_broadcast_ss(C + n);
+        float *row = sT + n * p;
+        for (int j = 0; j < q; j++) {
+            const __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(row + 8 * j), va, _mm256_mul_ps(dx[j], bn));
+            _mm256_storeu_ps(row + 8 * j, v);
+            acc[j] = _mm256_fmadd_ps(v, cn, acc[j]);
+        }
+    }
+    for (int j = 0; j < q; j++) _mm256_storeu_ps(y + 8 * j, acc[j]);
+}
+
+/* One token of a head's recurrence with its state transposed (p a multiple of 8), 32 rows at a time: the
+   readout needs no horizontal sums, which the row-wise ssm_row spends much of its time on. */
+static void ssm_token_t(float *sT, int64_t p, int64_t N, float a, float d, const float *x, const float *B,
+                        const float *C, float *y) {
+    const __m256 va = _mm256_set1_ps(a), vd = _mm256_set1_ps(d);
+    int64_t e = 0;
+    for (; e + 32 <= p; e += 32) ssm_rows_t(4, sT + e, p, N, va, vd, x + e, B, C, y + e);
+    for (; e < p; e += 8) ssm_rows_t(1, sT + e, p, N, va, vd, x + e, B, C, y + e);
+}
+
+/* y [b, T, G, r, p] (contiguous) of h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t, y_t = C_t.h_t, each head's
+   state starting at `final` [b, G, r, p, N] (contiguous; the caller fills it with the initial state or
+   zeros) and ending there. Strides in floats: x over (b, t, g, r) with p contiguous, dt over (b, t, g, r),
+   B and C over (b, t, g) with N contiguous; A [G, r] contiguous, dt after softplus. One head per thread
+   at a time: its p x N state stays in cache for the whole prompt (transposed while it runs, where p is a
+   multiple of 8). Returns -1 where that copy could not be allocated. */
+int ssm_scan(const float *x, const int64_t *xs, const float *dt, const int64_t *dts, const float *A,
+             const float *B, const float *C, const int64_t *bcs, float *y, float *final, int64_t b, int64_t T,
+             int64_t G, int64_t r, int64_t p, int64_t N, int threads) {
+    const int wide = p % 8 == 0;
+    int failed = 0;
+    #pragma omp parallel num_threads(threads)
+    {
+        float *sT = wide ? malloc(sizeof(float) * p * N) : NULL;
+        if (wide && !sT) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp for collapse(3) schedule(static)
+        for (int64_t i = 0; i < b; i++)
+            for (int64_t g = 0; g < G; g++)
+                for (int64_t q = 0; q < r; q++) {
+                    if (wide && !sT) continue;
+                    float *h = final + (((i * G + g) * r + q) * p) * N;
+                    const float a = A[g * r + q];
+                    if (sT)
+                        for (int64_t e = 0; e < p; e++)
+                            for (int64_t n = 0; n < N; n++) sT[n * p + e] = h[e * N + n];
+                    for (int64_t t = 0; t < T; t++) {
+                        const float d = dt[i * dts[0] + t * dts[1] + g * dts[2] + q * dts[3]];
+                        const float decay = expf(d * a), *xt = x + i * xs[0] + t * xs[1] + g * xs[2] + q * xs[3];
+                        const float *Bt = B + i * bcs[0] + t * bcs[1] + g * bcs[2];
+                        const float *Ct = C + i * bcs[0] + t * bcs[1] + g * bcs[2];
+                        float *yt = y + (((i * T + t) * G + g) * r + q) * p;
+                        if (sT) ssm_token_t(sT, p, N, decay, d, xt, Bt, Ct, yt);
+                        else
+                            for (int64_t e = 0; e < p; e++) yt[e] = ssm_row(h + e * N, decay, d * xt[e], Bt, Ct, N);
+                    }
+                    if (sT)
+                        for (int64_t e = 0; e < p; e++)
+                            for (int64_t n = 0; n < N; n++) h[e * N + n] = sT[n * p + e];
+                }
+        free(sT);
+    }
+    return failed ? -1 : 0;
+}
+
+/* ------------------------------------------------------------------- MoE experts over a prompt */
+
+/* c[r, 0:16] = act(sum_k a[r, k] b[k, 0:16]) for r < rows (a row-major, b's rows ldb apart), act = relu^2
+   or none: a 4 x 16 register tile, 8 FMAs per k against 2 loads of b and 4 broadcasts of a. */
+static inline __attribute__((always_inline)) void tile(int rows, const float *a, int64_t lda, const float *b,
+                                                       int64_t ldb, int64_t K, float *c, int64_t ldc, int relu2) {
+    __m256 acc[4][2];
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        const __m256 b0 = _mm256_loadu_ps(b + k * ldb), b1 = _mm256_loadu_ps(b + k * ldb + 8);
+        for (int r = 0; r < rows; r++) {
+            const __m256 ar = _mm256_broadcast_ss(a + r * lda + k);
+            acc[r][0] = _mm256_fmadd_ps(ar, b0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(ar, b1, acc[r][1]);
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < 2; h++) {
+            __m256 v = acc[r][h];
+            if (relu2) {
+                v = _mm256_max_ps(v, _mm256_setzero_ps());
+                v = _mm256_mul_ps(v, v);
+            }
+            _mm256_storeu_ps(c + r * ldc + 8 * h, v);
+        }
+}
+
+/* c [m, cols] = act(a [m, K] b [K, cols]), cols <= 16: whole tiles, or plain loops for a last, narrower
+   column block. */
+static void gemm_cols(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t K, float *c, int64_t ldc,
+                      int64_t m, int64_t cols, int relu2) {
+    for (int64_t r = 0; r < m; r += 4) {
+        const float *ar = a + r * lda;
+        float *cr = c + r * ldc;
+        if (cols < 16) {
+            for (int64_t q = r; q < m && q < r + 4; q++)
+                for (int64_t j = 0; j < cols; j++) {
+                    float t = 0.f;
+                    for (int64_t k = 0; k < K; k++) t += a[q * lda + k] * b[k * ldb + j];
+                    c[q * ldc + j] = relu2 ? (t > 0.f ? t * t : 0.f) : t;
+                }
+            continue;
+        }
+        switch (m - r < 4 ? m - r : 4) { /* one specialised tile per row count */
+        case 1: tile(1, ar, lda, b, ldb, K, cr, ldc, relu2); break;
+        case 2: tile(2, ar, lda, b, ldb, K, cr, ldc, relu2); break;
+        case 3: tile(3, ar, lda, b, ldb, K, cr, ldc, relu2); break;
+        default: tile(4, ar, lda, b, ldb, K, cr, ldc, relu2);
+        }
+    }
+}
+
+/* out [n, d] += sum_i wts[t, i] down_e(relu(up_e x_t)^2), e = ids[t, i], over each token t's k routed
+ * experts (moe.py's multi-token path). Float32 expert weights kept transposed (linear.Transposed):
+ * up_e [d, I] at up + e * up_e with rows up_ld apart, down_e [I, d] at down + e * down_e, rows down_ld
+ * apart. torch runs this as two small matmuls per expert plus a gather and a scatter (on the CPU the
+ * experts' matmuls of a few dozen rows reach half the speed of one large one, and a layer's other ops
+ * cost as much again); here the (token, expert) pairs are sorted by expert once, every expert's up
+ * product runs in one parallel loop and every down product in another, over 16-column blocks. */
+int experts_prefill(const float *x, int64_t n, int64_t d, const int64_t *ids, const float *wts, int64_t k,
+                    int64_t E, const float *up, int64_t up_e, int64_t up_ld, const float *down, int64_t down_e,
+                    int64_t down_ld, int64_t I, float *out, int threads) {
+    const int64_t S = n * k, ub = (I + 15) / 16, db = (d + 15) / 16;
+    int64_t *start = malloc(sizeof(int64_t) * (2 * (E + 1) + 2 * S));
+    float *X = malloc(sizeof(float) * S * (2 * d + I));
+    if (!start || !X) {
+        free(start);
+        free(X);
+        return -1;
+    }
+    int64_t *next = start + E + 1, *row_of = next + E + 1, *token_of = row_of + S; /* sorted rows <-> pairs */
+    float *H = X + S * d, *Y = H + S * I;
+    memset(start, 0, sizeof(int64_t) * (E + 1));
+    for (int64_t s = 0; s < S; s++) start[ids[s] + 1]++;
+    for (int64_t e = 0; e < E; e++) start[e + 1] += start[e];
+    memcpy(next, start, sizeof(int64_t) * (E + 1));
+    for (int64_t s = 0; s < S; s++) {
+        row_of[s] = next[ids[s]]++;
+        token_of[row_of[s]] = s / k;
+    }
+    #pragma omp parallel num_threads(threads)
+    {
+        #pragma omp for schedule(static)
+        for (int64_t q = 0; q < S; q++) memcpy(X + q * d, x + token_of[q] * d, sizeof(float) * d);
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t u = 0; u < E * ub; u++) {
+            const int64_t e = u / ub, c = u % ub * 16, m = start[e + 1] - start[e];
+            if (m) gemm_cols(X + start[e] * d, d, up + e * up_e + c, up_ld, d, H + start[e] * I + c, I, m,
+                             I - c < 16 ? I - c : 16, 1);
+        }
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t u = 0; u < E * db; u++) {
+            const int64_t e = u / db, c = u % db * 16, m = start[e + 1] - start[e];
+            if (m) gemm_cols(H + start[e] * I, I, down + e * down_e + c, down_ld, I, Y + start[e] * d + c, d, m,
+                             d - c < 16 ? d - c : 16, 0);
+        }
+        #pragma omp for schedule(static)
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t i = 0; i < k; i++) {
+                const float w = wts[t * k + i], *y = Y + row_of[t * k + i] * d;
+                float *o = out + t * d;
+                for (int64_t j = 0; j < d; j++) o[j] += w * y[j];
+            }
+    }
+    free(start);
+    free(X);
     return 0;
 }

@@ -1,0 +1,159 @@
+"""A prefill's C parts on the CPU (step.c, through model/kernels.py and model/moe.py): the Mamba2 causal
+convolution and scan, and the routed experts. A whole network against transformers' forward (the oracle),
+and each part against the torch code it replaces (ssd.py's chunked scan and convolution, the recurrence
+the decode step runs, moe.py's grouped experts) on shapes that leave every vector tail, on one thread and
+on three; and where torch keeps the work (gradients, other kernels)."""
+
+import pytest
+import torch
+from test_cpu_gemv import X86
+from test_model_vs_transformers import CONFIGS
+from tiny import hf_logits, make_checkpoint
+
+import elastic_local
+from elastic_local.model import gemv, kernels, moe, ssd
+
+pytestmark = pytest.mark.skipif(not X86, reason="step.c is x86 AVX2 only; elsewhere torch's layers run")
+
+
+@pytest.fixture(autouse=True)
+def library_built():
+    assert gemv.library() is not None, "the CPU kernels did not build (see the warning)"
+
+
+@pytest.fixture
+def c_calls(monkeypatch):
+    """The names of the C parts a forward ran."""
+    seen = []
+
+    def spy(run, name):
+        def call(*a, **k):
+            out = run(*a, **k)
+            if out is not None:
+                seen.append(name)
+            return out
+        return call
+
+    for module, name in ((kernels, "_cpu_conv"), (kernels, "_cpu_scan"), (moe, "_experts_cpu")):
+        monkeypatch.setattr(module, name, spy(getattr(module, name), name))
+    return seen
+
+
+# head sizes 12 (no whole 8 of rows: the row-wise scan) and 40 (32 + 8 rows), a state size with a tail,
+# expert channels with a last column block narrower than 16, a conv width of 3
+SHAPES = {
+    "p12": dict(mamba_head_dim=12, ssm_state_size=12, moe_intermediate_size=24, conv_kernel=3),
+    "p40": dict(mamba_head_dim=40, ssm_state_size=16, moe_intermediate_size=40, hidden_size=48),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_a_prefill_in_c_gives_transformers_logits(tmp_path, shape, threads, c_calls):
+    hf = make_checkpoint(tmp_path, seed=4, **SHAPES[shape])
+    ids = torch.randint(0, 96, (2, 21), generator=torch.Generator().manual_seed(3))
+    m = elastic_local.load(tmp_path)
+    with torch.inference_mode():
+        whole = m.forward(ids)
+        cache = m.new_cache(batch_size=2)
+        parts = [m.forward(ids[:, :2], cache), m.forward(ids[:, 2:13], cache), m.forward(ids[:, 13:], cache)]
+    want = hf_logits(hf, ids)
+    torch.testing.assert_close(whole, want, atol=1e-4, rtol=0)
+    torch.testing.assert_close(torch.cat(parts, dim=1), want, atol=1e-4, rtol=0)  # continued from the states
+    assert {"_cpu_conv", "_cpu_scan", "_experts_cpu"} <= set(c_calls)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_every_oracle_config_prefills_in_c_like_transformers(tmp_path, name):
+    hf = make_checkpoint(tmp_path, seed=2, **CONFIGS[name])
+    ids = torch.randint(0, 96, (1, 17), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        got = elastic_local.load(tmp_path).forward(ids)
+    torch.testing.assert_close(got, hf_logits(hf, ids), atol=1e-4, rtol=0)
+
+
+def scan_inputs(b, T, G, r, p, N, seed=0):
+    """The scan's arguments as mamba2.py makes them: rank-major heads seen group-major, B and C views
+    into one projection's columns."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, T, r, G, p, generator=g).transpose(2, 3)
+    dt = torch.nn.functional.softplus(torch.randn(b, T, r, G, generator=g) - 1).transpose(2, 3)
+    A = -torch.rand(r, G, generator=g).mul(4).t()
+    BC = torch.randn(b, T, 2 * G * N + 3, generator=g)
+    B, C = BC[..., :G * N].view(b, T, G, N), BC[..., G * N:2 * G * N].view(b, T, G, N)
+    return x, dt, A, B, C, torch.randn(b, G, r, p, N, generator=g)
+
+
+@pytest.mark.parametrize("p,N", [(12, 12), (16, 8), (40, 24), (64, 16)])
+@pytest.mark.parametrize("start", ["zeros", "state"])
+def test_the_scan_is_the_recurrence_the_chunked_scan_computes(p, N, start, threads, c_calls):
+    x, dt, A, B, C, init = scan_inputs(2, 37, 2, 3, p, N)
+    init = init if start == "state" else None
+    with torch.no_grad():
+        y, final = kernels.ssd_scan(x, dt, A, B, C, 8, init)
+        y_ref, final_ref = ssd.ssd_chunked(x, dt, A, B, C, 8, init)
+        state = torch.zeros_like(final) if init is None else init.clone()
+        steps = torch.stack([ssd.ssm_step(state, x[:, t], dt[:, t], A, B[:, t], C[:, t]) for t in range(37)], 1)
+    assert c_calls == ["_cpu_scan"]
+    torch.testing.assert_close(y, y_ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(final, final_ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(y, steps, atol=1e-4, rtol=1e-4)  # the decode step's recurrence, token by token
+    torch.testing.assert_close(final, state, atol=1e-4, rtol=1e-4)
+    if init is not None:
+        assert not torch.equal(init, final)  # the caller's state is not written
+
+
+@pytest.mark.parametrize("C,K", [(13, 4), (40, 2), (24, 3)])
+@pytest.mark.parametrize("T", [2, 9])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_convolution_continues_and_updates_the_window_like_torch(C, K, T, bias, threads, c_calls):
+    g = torch.Generator().manual_seed(C * T)
+    x = torch.randn(2, T, C + 5, generator=g)[..., 2:C + 2]  # a view with a row stride, as xBC's split is
+    w, b = torch.randn(C, K, generator=g), torch.randn(C, generator=g) if bias else None
+    for state in (None, torch.randn(2, C, K, generator=g)):
+        ref_state = None if state is None else state.clone()
+        got = kernels.causal_conv1d(x, w, b, state)
+        want = ssd.causal_conv1d(x, w, b, ref_state)
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+        if state is not None:  # T < K keeps part of the old window
+            assert torch.equal(state, ref_state)
+    assert c_calls == ["_cpu_conv", "_cpu_conv"]
+
+
+def expert_weights(E, I, d, seed=0):
+    from elastic_local.model.linear import Transposed
+
+    g = torch.Generator().manual_seed(seed)
+    up, down = torch.randn(E, I, d, generator=g) / d ** 0.5, torch.randn(E, d, I, generator=g) / I ** 0.5
+    return moe.MoEWeights(torch.randn(E, d), torch.zeros(E), Transposed.of(up), Transposed.of(down), None, None)
+
+
+@pytest.mark.parametrize("experts,channels,d", [(8, 48, 32), (6, 40, 32), (8, 9, 20)])
+@pytest.mark.parametrize("n", [1, 3, 29])
+def test_the_routed_experts_sum_what_the_grouped_torch_path_sums(experts, channels, d, n, threads):
+    """Budget views (fewer experts, channels and inputs than resident), 16-column blocks with narrower last
+    ones, row tiles of 1-4, experts that got no token."""
+    w = expert_weights(8, 48, 32)
+    g = torch.Generator().manual_seed(n)
+    flat = torch.randn(n, d, generator=g)
+    ids = torch.stack([torch.randperm(experts - 2, generator=g)[:3] for _ in range(n)])  # the last two: none
+    weights = torch.rand(n, 3, generator=g)
+    got = moe._experts_cpu(flat, w, experts, channels, ids, weights)
+    assert got is not None
+    torch.testing.assert_close(got, moe._experts_grouped(flat, w, experts, channels, ids, weights, None),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_gradients_and_other_kernels_keep_the_torch_path(c_calls):
+    x, dt, A, B, C, init = scan_inputs(1, 9, 2, 2, 8, 8)
+    x.requires_grad_()
+    y, _ = kernels.ssd_scan(x, dt, A, B, C, 4, init)
+    y.sum().backward()  # training differentiates the torch reference
+    assert x.grad is not None and c_calls == []
+    w = expert_weights(4, 16, 8)
+    flat = torch.randn(5, 8, requires_grad=True)
+    assert moe._experts_cpu(flat, w, 4, 16, torch.zeros(5, 2, dtype=torch.long), torch.ones(5, 2)) is None
+    with torch.no_grad():
+        assert kernels.ssd_scan(x.bfloat16(), dt, A, B, C, 4, None)[0].dtype == torch.float32  # torch's scan
+        rows = moe.MoEWeights(w.gate, w.bias, w.up.t.transpose(1, 2), w.down.t.transpose(1, 2), None, None)
+        assert moe._experts_cpu(flat, rows, 4, 16, torch.zeros(5, 2, dtype=torch.long), torch.ones(5, 2)) is None
+    assert c_calls == []
