@@ -171,9 +171,10 @@ def ssd_scan(x, dt, A, B, C, chunk: int, initial_state: torch.Tensor | None):
     """Chunked scan; shapes as ssd.ssd_chunked (group-major heads): x [b, T, G, r, p], dt [b, T, G, r]
     (after softplus), A [G, r], B, C [b, T, G, N], initial_state [b, G, r, p, N] or None."""
     scan = active().op("chunk_scan", x.device)
-    if scan is None and (lib := cpu_library(x, dt, A, B, C, initial_state)) is not None:
-        return _cpu_scan(lib, x, dt, A, B, C, initial_state)
     if scan is None:
+        lib = cpu_library(x, dt, A, B, C, initial_state)
+        if lib is not None:
+            return _cpu_scan(lib, x, dt, A, B, C, initial_state)
         return ssd.ssd_chunked(x, dt, A, B, C, chunk, initial_state)
     b, T, G, r, p = x.shape
     N = B.shape[-1]
