@@ -77,7 +77,7 @@ def test_a_budget_whose_step_fails_to_compile_runs_eagerly_with_a_warning(nested
     eager = elastic_local.load(nested, dtype=torch.float32)
     m = elastic_local.load(nested, dtype=torch.float32, compile=True)
 
-    def no_compiler(fn):
+    def no_compiler(fn, **options):
         def step(*args, **kwargs):
             raise torch._dynamo.exc.TorchDynamoException("InvalidCxxCompiler: No working C++ compiler found")
         return step
@@ -89,6 +89,32 @@ def test_a_budget_whose_step_fails_to_compile_runs_eagerly_with_a_warning(nested
         _, want = decode(eager.net, eager.budget("full"), prompts, 4)
     assert torch.equal(got, want) and m.net.compiled[m.budget("full")] is None
     assert "runs eagerly" in caplog.text and "C++ compiler" in caplog.text
+
+
+def test_a_step_that_fails_to_compile_part_way_does_not_advance_the_cache_twice(nested, monkeypatch, caplog):
+    """Traced in pieces, a step whose later piece fails to trace would already have run the earlier ones
+    (Mamba states, KV writes) before the eager rerun advanced them again. The step is compiled as one graph,
+    so it fails before any of it runs. Here the routed experts of a two-row step cut the rows by counts
+    the tracer cannot know (the compiled path's MoE; eagerly, two rows take the C experts)."""
+    from elastic_local.model import moe
+
+    def data_dependent(flat, w, experts, channels, ids, weights, keep):
+        counts = torch.bincount(ids.reshape(-1), minlength=experts).tolist()
+        routed = torch.cat([flat[:n] for n in counts if n]) * weights.reshape(-1)[:, None]
+        return routed[:flat.shape[0]]
+
+    eager = elastic_local.load(nested, dtype=torch.float32)
+    m = elastic_local.load(nested, dtype=torch.float32, compile=True)
+    monkeypatch.setattr(moe, "_experts_grouped", data_dependent)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 96, (20,), generator=g), torch.randint(0, 96, (15,), generator=g)]
+    with torch.inference_mode(), caplog.at_level("WARNING"):
+        got_logits, got = decode(m.net, m.budget("full"), prompts, 4)
+        want_logits, want = decode(eager.net, eager.budget("full"), prompts, 4)
+    assert "runs eagerly" in caplog.text and m.net.compiled[m.budget("full")] is None
+    assert torch.equal(got, want)
+    for a, b in zip(got_logits, want_logits):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
 def test_the_engine_stays_exact_on_the_compiled_step_across_a_live_switch(tmp_path):

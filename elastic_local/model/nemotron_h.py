@@ -113,7 +113,9 @@ class NemotronH:
             if isinstance(s, KVCache):
                 s.grow(max(cache.lengths) + 1)  # a new capacity recompiles once, then the dimension is dynamic
         if b not in self.compiled:
-            self.compiled[b] = torch.compile(partial(self._layers, b=b, static=True))
+            # one graph (fullgraph): traced in pieces, a piece that fails to trace would come after earlier
+            # ones had already advanced the cache, and the eager rerun below would advance it again
+            self.compiled[b] = torch.compile(partial(self._layers, b=b, static=True), fullgraph=True)
         step = self.compiled[b]
         lengths = torch.tensor(cache.lengths, device=ids.device)
         logits = None
