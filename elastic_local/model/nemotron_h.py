@@ -107,28 +107,41 @@ class NemotronH:
             log.warning("the compiled decode step covers float weights; these quantized ones decode eagerly")
             return
         self.compiled = {}
+        self._traced: dict[Budget, set[tuple[int, int]]] = {}  # per budget, the (rows, capacity) it has run
 
     def _compiled_step(self, ids: torch.Tensor, b: Budget, cache: HybridCache) -> torch.Tensor:
+        capacity = 0
         for s in cache.layers:
             if isinstance(s, KVCache):
                 s.grow(max(cache.lengths) + 1)  # a new capacity recompiles once, then the dimension is dynamic
+                capacity = s.k.shape[2]
         if b not in self.compiled:
-            # one graph (fullgraph): traced in pieces, a piece that fails to trace would come after earlier
-            # ones had already advanced the cache, and the eager rerun below would advance it again
-            self.compiled[b] = torch.compile(partial(self._layers, b=b, static=True), fullgraph=True)
+            self.compiled[b] = torch.compile(partial(self._layers, b=b, static=True))
+            self._traced[b] = set()
         step = self.compiled[b]
         lengths = torch.tensor(cache.lengths, device=ids.device)
         logits = None
         if step is not None:
+            # A step is traced in pieces (graph breaks), each run as soon as it is traced: when a later piece
+            # fails to trace, the earlier ones have advanced the Mamba states (KV writes are idempotent), and
+            # the eager rerun below would advance them again. So a step that may trace (a batch size and
+            # capacity this budget has not run yet) keeps a copy of them to put back.
+            shape = (ids.shape[0], capacity)
+            saved = None if shape in self._traced[b] else [
+                (s, s.conv.clone(), s.ssm.clone()) for s in cache.layers if isinstance(s, MambaState)]
             try:
                 # the MoE step reads its k expert ids as Python ints: traced as symbolic ints, not a graph
                 # break; every budget and batch size is a variant of the one `_layers`, past dynamo's 8
                 with torch._dynamo.config.patch(capture_scalar_outputs=True, recompile_limit=64):
                     logits = step(ids, cache.layers, lengths=lengths)
+                self._traced[b].add(shape)
             except (torch._dynamo.exc.TorchDynamoException, GuardOnDataDependentSymNode) as e:  # while compiling
                 log.warning("compiling the decode step of budget %r failed; it runs eagerly (%s)", b.name,
                             str(e).splitlines()[0] if str(e) else type(e).__name__)
                 self.compiled[b] = None
+                for s, conv, ssm in saved or ():
+                    s.conv.copy_(conv)
+                    s.ssm.copy_(ssm)
         if logits is None:
             logits = self._layers(ids, cache.layers, b, lengths=lengths, static=True)
         cache.lengths = [n + 1 for n in cache.lengths]
