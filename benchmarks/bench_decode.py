@@ -12,6 +12,8 @@ float32, and runs the same prompt (random token ids, fixed seed) greedily for ex
     ours-torch    the same with the kernels off (ELASTIC_LOCAL_CPU_GEMV=0): torch's layers and matmul
     ours-rows     ELASTIC_LOCAL_CPU_LAYOUT=rows: weights kept [out, in], decode steps in C
     ours-compiled load(compile=True); on an x86 CPU the C step still takes one-sequence decode steps
+    ours-generate the whole engine (m.generate's loop: phases, sampling, detokenizing, events), timed by
+                  its Token events, sampled tokens only; against transformers' generate()
     ours-fp8, ours-nvfp4  `ours` on the same weights quantized while loading (load(precision=...)),
                   decode steps in C, float32 compute, lm_head kept float32;
                   against llama.cpp-q8_0 / -q4_0
@@ -227,6 +229,26 @@ class OursEngine:
         return t1 - t0, t2 - t1, out
 
 
+class OursGenerateEngine(OursEngine):
+    """Our whole generation engine, the work of `m.generate` (phases, sampling, stop checks, detokenizing,
+    events), against transformers' generate(): like for like. Timed from its Token events (the same loop
+    `m.generate` collects), counting sampled tokens only: none is forced here (the prompt opens no
+    thinking), and a forced one would be prefill, not decode."""
+
+    name = "ours-generate"
+
+    def _run(self, prompt_ids: torch.Tensor, n_new: int) -> Timing:
+        from elastic_local.engine.events import Token
+        from elastic_local.engine.generate import Generation
+        from elastic_local.engine.phases import Request
+
+        t0 = time.perf_counter()
+        gen = Generation(self.model, [prompt_ids[0].tolist()], Request(max_answer_tokens=n_new, ignore_eos=True))
+        toks = [e for e in gen.run() if isinstance(e, Token) and not e.forced]
+        t_first, t_last = gen.t0 + toks[0].t, gen.t0 + toks[-1].t
+        return t_first - t0, t_last - t_first, [e.id for e in toks]
+
+
 class _Stamps:
     """A generate() streamer that only records when each put() happens (first put = the prompt)."""
 
@@ -303,6 +325,7 @@ ENGINES: dict[str, Callable[..., object]] = {
     "ours-torch": lambda ckpt, n_ctx, threads: OursEngine(ckpt, kernels=False),
     "ours-rows": lambda ckpt, n_ctx, threads: OursEngine(ckpt, layout="rows"),
     "ours-compiled": lambda ckpt, n_ctx, threads: OursEngine(ckpt, compile=True),
+    "ours-generate": lambda ckpt, n_ctx, threads: OursGenerateEngine(ckpt),
     "ours-fp8": lambda ckpt, n_ctx, threads: OursEngine(ckpt, precision="fp8"),
     "ours-nvfp4": lambda ckpt, n_ctx, threads: OursEngine(ckpt, precision="nvfp4"),
     "transformers-loop": lambda ckpt, n_ctx, threads: TransformersLoopEngine(ckpt),
@@ -432,6 +455,7 @@ COMPARISONS = [  # (engine, engine, what the ratio compares)
         ("transformers-loop", "bare loop vs bare loop"),
         ("llama.cpp", "bare loop vs bare loop (Llama.eval + argmax)"),
         ("transformers", "bare loop vs generate(): not the same work"))),
+    ("ours-generate", "transformers", "m.generate vs generate(), sampled tokens only: like for like"),
     ("ours", "ours-torch", "C decode step vs torch's layers, both on [in, out]"),
     ("ours-rows", "ours", "C decode step on [out, in] vs on [in, out]"),
     ("ours-fp8", "llama.cpp-q8_0", "8-bit weights, lm_head float32 in both"),
