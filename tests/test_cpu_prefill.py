@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_cpu_gemv import X86
 from test_model_vs_transformers import CONFIGS
-from tiny import hf_logits, make_checkpoint
+from tiny import ALIGNED, hf_logits, make_checkpoint
 
 import elastic_local
 from elastic_local.model import gemv, kernels, moe, ssd
@@ -141,6 +141,50 @@ def test_the_routed_experts_sum_what_the_grouped_torch_path_sums(experts, channe
     assert got is not None
     torch.testing.assert_close(got, moe._experts_grouped(flat, w, experts, channels, ids, weights, None),
                                atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def nested(tmp_path_factory):
+    from elastic_local.elastic.nest import nest
+
+    tmp = tmp_path_factory.mktemp("prefill")
+    make_checkpoint(tmp / "parent", seed=7, **ALIGNED)
+    return nest(tmp / "parent", tmp / "nested", {"half": 0.5})
+
+
+@pytest.mark.parametrize("precision,layout", [(None, "rows"), ("fp8", None), ("nvfp4", None)])
+def test_every_format_s_experts_run_in_c_like_the_torch_path(nested, precision, layout, threads, monkeypatch,
+                                                              c_calls):
+    """Packed FP8 / NVFP4 experts (gemv.c's kernels, NVFP4's inputs permuted) and float32 ones kept
+    [out, in], for every budget (fewer channels: views of the packed rows)."""
+    if layout:
+        monkeypatch.setenv("ELASTIC_LOCAL_CPU_LAYOUT", layout)
+    m = elastic_local.load(nested, precision=precision)
+    ids = torch.randint(0, 96, (2, 21), generator=torch.Generator().manual_seed(4))
+    for name in m.budgets:
+        with torch.inference_mode():
+            got = m.forward(ids, budget=name)
+            with monkeypatch.context() as p:
+                p.setattr(moe, "_experts_cpu", lambda *a: None)
+                want = m.forward(ids, budget=name)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4, msg=name)
+    assert c_calls.count("_experts_cpu") == 2 * len(m.budgets)  # two MoE layers per forward
+
+
+def test_replaced_expert_weights_are_described_anew(nested):
+    """The experts' C descriptions hold pointers: kept per budget while the weights stay the same objects."""
+    m = elastic_local.load(nested)
+    w = next(layer.mixer for layer in m.net.layers if isinstance(layer.mixer, moe.MoEWeights))
+    ids = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        before = m.forward(ids)
+        w.up = type(w.up)(w.up.t * 2)  # a new weight object (another storage)
+        after = m.forward(ids)
+        with pytest.MonkeyPatch.context() as p:
+            p.setattr(moe, "_experts_cpu", lambda *a: None)
+            want = m.forward(ids)
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, want, atol=1e-4, rtol=1e-4)
 
 
 def test_gradients_and_other_kernels_keep_the_torch_path(c_calls):

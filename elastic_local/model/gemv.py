@@ -56,7 +56,7 @@ _SIGNATURES = {
     "head_step": [_P, _P, _P, _I, _F, _P, _C],
     "conv_prefill": [_P, _I, _I, _P, _P, _P, _P, _I, _I, _I, _I, _C],
     "ssm_scan": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _C],
-    "experts_prefill": [_P, _I, _I, _P, _P, _I, _I, _P, _I, _I, _P, _I, _I, _I, _P, _C],
+    "experts_prefill": [_P, _I, _I, _P, _P, _I, _I, _P, _P, _I, _P, _C],
 }
 
 

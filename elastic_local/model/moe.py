@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import kernels
+from . import kernels, step
 from .linear import Transposed, block, linear
 from .soft import SoftLayer, unit_weights
 
@@ -114,21 +114,39 @@ def _experts_grouped(flat: torch.Tensor, w: MoEWeights, experts: int, channels: 
 
 def _experts_cpu(flat: torch.Tensor, w: MoEWeights, experts: int, channels: int, ids: torch.Tensor,
                  weights: torch.Tensor) -> torch.Tensor | None:
-    """The routed experts' sum [N, d] float32 for tokens `flat` [N, d] in C (step.c's experts_prefill),
-    or None where it does not run: expert weights other than float32 kept transposed (the CPU default),
-    another device, or gradients to compute."""
-    up, down = w.up, w.down
-    if not (isinstance(up, Transposed) and isinstance(down, Transposed)):
-        return None
+    """The routed experts' sum [N, d] float32 for tokens `flat` [N, d] in C (step.c's experts_prefill), on
+    any weight format the decode step reads; None where it does not run: another device or dtype, weights
+    step.c does not read, or gradients to compute."""
     n, d = flat.shape
-    up, down = up.t[:experts, :d, :channels], down.t[:experts, :channels, :d]  # [E, in, out] views
-    lib = kernels.cpu_library(flat, up, down, weights)
-    if lib is None or up.stride(-1) != 1 or down.stride(-1) != 1:
+    float_weights = [t.t if isinstance(t, Transposed) else t for t in (w.up, w.down)]  # not packed ones
+    lib = kernels.cpu_library(flat, weights, *(t for t in float_weights if isinstance(t, torch.Tensor)))
+    described = lib and _described(w, experts, channels, d)
+    if not described:
         return None
+    up, down = described
     flat, ids, weights = flat.contiguous(), ids.contiguous(), weights.float().contiguous()
     out = torch.zeros(n, d)
     if lib.experts_prefill(flat.data_ptr(), n, d, ids.data_ptr(), weights.data_ptr(), ids.shape[1], experts,
-                           up.data_ptr(), up.stride(0), up.stride(1), down.data_ptr(), down.stride(0),
-                           down.stride(1), channels, out.data_ptr(), torch.get_num_threads()):
+                           up, down, channels, out.data_ptr(), torch.get_num_threads()):
         raise MemoryError(f"out of memory for the experts' buffers of {n} tokens")
     return out
+
+
+def _described(w: MoEWeights, experts: int, channels: int, d: int):
+    """step.expert_weights of a budget's experts, kept on `w` per budget while its weights stay the same
+    objects (the descriptions hold their pointers: replaced weights are described anew); None where step.c
+    does not read them, or they mix formats."""
+    cache = w.__dict__.setdefault("_described", {})
+    if any(up is not w.up or down is not w.down for up, down, _ in cache.values()):
+        cache.clear()  # the weights were replaced: no description (nor the old weights it keeps) survives
+    key = (experts, channels, d)
+    hit = cache.get(key)
+    if hit is None:
+        try:
+            arrays = step.expert_weights(w, experts, channels, d)
+        except step.Unsupported:
+            arrays = None
+        if arrays is not None and any(len({a.format for a in arr}) != 1 for arr in arrays):
+            arrays = None
+        cache[key] = hit = (w.up, w.down, arrays)
+    return hit[2]

@@ -567,10 +567,10 @@ int ssm_scan(const float *x, const int64_t *xs, const float *dt, const int64_t *
 
 /* ------------------------------------------------------------------- MoE experts over a prompt */
 
-/* c[r, 0:16] = act(sum_k a[r, k] b[k, 0:16]) for r < rows (a row-major, b's rows ldb apart), act = relu^2
-   or none: a 4 x 16 register tile, 8 FMAs per k against 2 loads of b and 4 broadcasts of a. */
+/* c[r, 0:16] = sum_k a[r, k] b[k, 0:16] for r < rows (a row-major, b's rows ldb apart): a 4 x 16
+   register tile, 8 FMAs per k against 2 loads of b and 4 broadcasts of a. */
 static inline __attribute__((always_inline)) void tile(int rows, const float *a, int64_t lda, const float *b,
-                                                       int64_t ldb, int64_t K, float *c, int64_t ldc, int relu2) {
+                                                       int64_t ldb, int64_t K, float *c, int64_t ldc) {
     __m256 acc[4][2];
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
@@ -581,21 +581,16 @@ static inline __attribute__((always_inline)) void tile(int rows, const float *a,
             acc[r][1] = _mm256_fmadd_ps(ar, b1, acc[r][1]);
         }
     }
-    for (int r = 0; r < rows; r++)
-        for (int h = 0; h < 2; h++) {
-            __m256 v = acc[r][h];
-            if (relu2) {
-                v = _mm256_max_ps(v, _mm256_setzero_ps());
-                v = _mm256_mul_ps(v, v);
-            }
-            _mm256_storeu_ps(c + r * ldc + 8 * h, v);
-        }
+    for (int r = 0; r < rows; r++) {
+        _mm256_storeu_ps(c + r * ldc, acc[r][0]);
+        _mm256_storeu_ps(c + r * ldc + 8, acc[r][1]);
+    }
 }
 
-/* c [m, cols] = act(a [m, K] b [K, cols]), cols <= 16: whole tiles, or plain loops for a last, narrower
-   column block. */
+/* c [m, cols] = a [m, K] b [K, cols], cols <= 16: whole tiles, or plain loops for a last, narrower column
+   block. */
 static void gemm_cols(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t K, float *c, int64_t ldc,
-                      int64_t m, int64_t cols, int relu2) {
+                      int64_t m, int64_t cols) {
     for (int64_t r = 0; r < m; r += 4) {
         const float *ar = a + r * lda;
         float *cr = c + r * ldc;
@@ -604,39 +599,53 @@ static void gemm_cols(const float *a, int64_t lda, const float *b, int64_t ldb, 
                 for (int64_t j = 0; j < cols; j++) {
                     float t = 0.f;
                     for (int64_t k = 0; k < K; k++) t += a[q * lda + k] * b[k * ldb + j];
-                    c[q * ldc + j] = relu2 ? (t > 0.f ? t * t : 0.f) : t;
+                    c[q * ldc + j] = t;
                 }
             continue;
         }
         switch (m - r < 4 ? m - r : 4) { /* one specialised tile per row count */
-        case 1: tile(1, ar, lda, b, ldb, K, cr, ldc, relu2); break;
-        case 2: tile(2, ar, lda, b, ldb, K, cr, ldc, relu2); break;
-        case 3: tile(3, ar, lda, b, ldb, K, cr, ldc, relu2); break;
-        default: tile(4, ar, lda, b, ldb, K, cr, ldc, relu2);
+        case 1: tile(1, ar, lda, b, ldb, K, cr, ldc); break;
+        case 2: tile(2, ar, lda, b, ldb, K, cr, ldc); break;
+        case 3: tile(3, ar, lda, b, ldb, K, cr, ldc); break;
+        default: tile(4, ar, lda, b, ldb, K, cr, ldc);
         }
     }
 }
 
+/* Outputs [c0, c1) of y [m, N] (rows N apart) = x [m, K] W^T for any weight format (x permuted for
+   NVFP4, permute_nvfp4): float32 [in, out] on the tiles, the others on gemv.c's kernels, which decode each
+   weight row once for all m rows. */
+static void rows_product(const weight *w, const float *x, int64_t m, float *y, int64_t c0, int64_t c1) {
+    const int64_t N = w->out, K = w->in;
+    switch (w->format) {
+    case TRANSPOSED_F32: gemm_cols(x, K, (const float *)w->w + c0, w->ld, K, y + c0, N, m, c1 - c0); break;
+    case ROWS_F32: part_f32(x, w->w, y, m, N, K, w->ld, c0, c1); break;
+    case ROWS_BF16: part_bf16(x, w->w, y, m, N, K, w->ld, c0, c1); break;
+    case FP8: part_fp8(x, w->w, y, m, N, K, w->ld, w->scale, c0, c1); break;
+    case NVFP4: part_nvfp4(x, w->w, w->scales, y, m, N, K, w->ld, w->ld_scales, w->scale, c0, c1);
+    }
+}
+
 /* out [n, d] += sum_i wts[t, i] down_e(relu(up_e x_t)^2), e = ids[t, i], over each token t's k routed
- * experts (moe.py's multi-token path). Float32 expert weights kept transposed (linear.Transposed):
- * up_e [d, I] at up + e * up_e with rows up_ld apart, down_e [I, d] at down + e * down_e, rows down_ld
- * apart. torch runs this as two small matmuls per expert plus a gather and a scatter (on the CPU the
- * experts' matmuls of a few dozen rows reach half the speed of one large one, and a layer's other ops
- * cost as much again); here the (token, expert) pairs are sorted by expert once, every expert's up
- * product runs in one parallel loop and every down product in another, over 16-column blocks. */
+ * experts (moe.py's multi-token path), up[e] [I, d] and down[e] [d, I] the budget's views in any format
+ * (one format for all up, one for all down). torch runs this as two small matmuls per expert plus a
+ * gather and a scatter (on the CPU the experts' matmuls of a few dozen rows reach half the speed of one
+ * large one, and a layer's other ops cost as much again); here the (token, expert) pairs are sorted by
+ * expert once, every expert's up product runs in one parallel loop and every down product in another,
+ * over blocks of 16 outputs. x [n, d] contiguous. */
 int experts_prefill(const float *x, int64_t n, int64_t d, const int64_t *ids, const float *wts, int64_t k,
-                    int64_t E, const float *up, int64_t up_e, int64_t up_ld, const float *down, int64_t down_e,
-                    int64_t down_ld, int64_t I, float *out, int threads) {
-    const int64_t S = n * k, ub = (I + 15) / 16, db = (d + 15) / 16;
+                    int64_t E, const weight *up, const weight *down, int64_t I, float *out, int threads) {
+    const int64_t S = n * k, ub = (I + 15) / 16, db = (d + 15) / 16, wide = d > I ? d : I;
+    const int permute_up = up[0].format == NVFP4, permute_down = down[0].format == NVFP4;
     int64_t *start = malloc(sizeof(int64_t) * (2 * (E + 1) + 2 * S));
-    float *X = malloc(sizeof(float) * S * (2 * d + I));
+    float *X = malloc(sizeof(float) * S * (2 * d + I + (permute_up || permute_down ? wide : 0)));
     if (!start || !X) {
         free(start);
         free(X);
         return -1;
     }
     int64_t *next = start + E + 1, *row_of = next + E + 1, *token_of = row_of + S; /* sorted rows <-> pairs */
-    float *H = X + S * d, *Y = H + S * I;
+    float *H = X + S * d, *Y = H + S * I, *P = Y + S * d; /* P: X or H permuted for NVFP4 */
     memset(start, 0, sizeof(int64_t) * (E + 1));
     for (int64_t s = 0; s < S; s++) start[ids[s] + 1]++;
     for (int64_t e = 0; e < E; e++) start[e + 1] += start[e];
@@ -645,21 +654,31 @@ int experts_prefill(const float *x, int64_t n, int64_t d, const int64_t *ids, co
         row_of[s] = next[ids[s]]++;
         token_of[row_of[s]] = s / k;
     }
+    const float *up_in = permute_up ? P : X, *down_in = permute_down ? P : H;
     #pragma omp parallel num_threads(threads)
     {
         #pragma omp for schedule(static)
-        for (int64_t q = 0; q < S; q++) memcpy(X + q * d, x + token_of[q] * d, sizeof(float) * d);
+        for (int64_t q = 0; q < S; q++) {
+            memcpy(X + q * d, x + token_of[q] * d, sizeof(float) * d);
+            if (permute_up) permute_nvfp4(X + q * d, P + q * d, d);
+        }
         #pragma omp for schedule(dynamic, 1)
         for (int64_t u = 0; u < E * ub; u++) {
-            const int64_t e = u / ub, c = u % ub * 16, m = start[e + 1] - start[e];
-            if (m) gemm_cols(X + start[e] * d, d, up + e * up_e + c, up_ld, d, H + start[e] * I + c, I, m,
-                             I - c < 16 ? I - c : 16, 1);
+            const int64_t e = u / ub, c = u % ub * 16, c1 = c + 16 < I ? c + 16 : I, m = start[e + 1] - start[e];
+            if (!m) continue;
+            float *h = H + start[e] * I;
+            rows_product(&up[e], up_in + start[e] * d, m, h, c, c1);
+            for (int64_t r = 0; r < m; r++)
+                for (int64_t j = c; j < c1; j++) h[r * I + j] = h[r * I + j] > 0.f ? h[r * I + j] * h[r * I + j] : 0.f;
+        }
+        if (permute_down) {
+            #pragma omp for schedule(static)
+            for (int64_t q = 0; q < S; q++) permute_nvfp4(H + q * I, P + q * I, I);
         }
         #pragma omp for schedule(dynamic, 1)
         for (int64_t u = 0; u < E * db; u++) {
-            const int64_t e = u / db, c = u % db * 16, m = start[e + 1] - start[e];
-            if (m) gemm_cols(H + start[e] * I, I, down + e * down_e + c, down_ld, I, Y + start[e] * d + c, d, m,
-                             d - c < 16 ? d - c : 16, 0);
+            const int64_t e = u / db, c = u % db * 16, c1 = c + 16 < d ? c + 16 : d, m = start[e + 1] - start[e];
+            if (m) rows_product(&down[e], down_in + start[e] * I, m, Y + start[e] * d, c, c1);
         }
         #pragma omp for schedule(static)
         for (int64_t t = 0; t < n; t++)

@@ -26,6 +26,7 @@ from .budget import Budget
 from .linear import Transposed, block
 
 if TYPE_CHECKING:
+    from .moe import MoEWeights
     from .nemotron_h import HybridCache, NemotronH
 
 log = logging.getLogger(__name__)
@@ -137,13 +138,20 @@ def _moe(net: NemotronH, i: int, experts: int, channels: int, shared: int, d: in
     gate = w.gate[:experts, :d]
     if gate.dtype != torch.float32 or gate.stride(1) != 1:
         raise Unsupported("a router weight that is not float32 rows")
-    up = (Weight * experts)(*(weight(block(w.up[e], 0, channels, d)) for e in range(experts)))
-    down = (Weight * experts)(*(weight(block(w.down[e], 0, d, channels)) for e in range(experts)))
+    up, down = expert_weights(w, experts, channels, d)
     keep += [up, down]  # the arrays the struct points into
     return MoE(_floats(net.layers[i].norm[:d]), gate.data_ptr(), _floats(w.bias[:experts]), up, down,
                weight(block(w.shared_up, 0, shared, d)), weight(block(w.shared_down, 0, d, shared)),
                d, experts, cfg.num_experts_per_tok, gate.stride(0), int(cfg.norm_topk_prob), max(channels, shared),
                cfg.routed_scaling_factor, cfg.layer_norm_epsilon)
+
+
+def expert_weights(w: MoEWeights, experts: int, channels: int, d: int) -> tuple[ctypes.Array, ctypes.Array]:
+    """The up [channels, d] and down [d, channels] views of a budget's first `experts` experts, as step.c
+    reads them (arrays of `weight`), or Unsupported."""
+    up = (Weight * experts)(*(weight(block(w.up[e], 0, channels, d)) for e in range(experts)))
+    down = (Weight * experts)(*(weight(block(w.down[e], 0, d, channels)) for e in range(experts)))
+    return up, down
 
 
 def _mlp(net: NemotronH, i: int, channels: int, d: int) -> MLP:
