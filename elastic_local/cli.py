@@ -83,6 +83,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                         "where per-op overhead dominates. On x86 CPUs one sequence already decodes in C "
                         "(faster still), so it matters for batch files (several rows at a time); needs a "
                         "C++ compiler")
+    g.add_argument("--cuda-graphs", action="store_true",
+                   help="on a GPU, replay each decode step from a CUDA graph (one per budget and conversation; "
+                        "float weights): one launch per token instead of hundreds")
 
 
 def resolve_device(device: str) -> str:
@@ -138,7 +141,7 @@ def load_from_args(args: argparse.Namespace, path: str | None = None,
     return load(args.dir if path is None else path, budget=args.budget or ("auto" if gpu else None),
                 precision=args.precision or ("auto" if gpu else None), device=device,
                 dtype=None if args.dtype == "auto" else getattr(torch, args.dtype), progress=progress,
-                compile=args.compile)
+                compile=args.compile, cuda_graphs=args.cuda_graphs)
 
 
 def cmd_info(args: argparse.Namespace) -> int:

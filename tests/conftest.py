@@ -17,3 +17,24 @@ def threads(request):
     torch.set_num_threads(request.param)
     yield request.param
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def no_c_step(monkeypatch):
+    """One-sequence steps on the CPU would run in C (test_decode_step.py); the compiled and CUDA-graph
+    tests pin their own path."""
+    from elastic_local.model import step
+
+    monkeypatch.setattr(step, "build", lambda net, b: None)
+
+
+@pytest.fixture(scope="session")
+def nested(tmp_path_factory):
+    """A tiny nested checkpoint: its full budget and `half`."""
+    from tiny import ALIGNED, make_checkpoint
+
+    from elastic_local.elastic.nest import nest
+
+    root = tmp_path_factory.mktemp("nested")
+    make_checkpoint(root / "parent", seed=31, **ALIGNED)
+    return nest(root / "parent", root / "nested", {"half": 0.5})

@@ -3,25 +3,12 @@ every budget, rows at different positions, and a cache that grows while decoding
 
 import pytest
 import torch
-from tiny import ALIGNED, hf_logits, make_checkpoint
+from tiny import hf_logits
 
 import elastic_local
-from elastic_local.elastic.nest import nest
-from elastic_local.model import step
 from elastic_local.model.nemotron_h import HybridCache
 
-
-@pytest.fixture(autouse=True)
-def no_c_step(monkeypatch):
-    """One-sequence steps on the CPU would run in C (test_decode_step.py); these tests pin the compiled path."""
-    monkeypatch.setattr(step, "build", lambda net, b: None)
-
-
-@pytest.fixture(scope="module")
-def nested(tmp_path_factory):
-    root = tmp_path_factory.mktemp("compiled")
-    make_checkpoint(root / "parent", seed=31, **ALIGNED)
-    return nest(root / "parent", root / "nested", {"half": 0.5})
+pytestmark = pytest.mark.usefixtures("no_c_step")
 
 
 def decode(net, budget, prompts: list[torch.Tensor], steps: int) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -42,19 +29,25 @@ def decode(net, budget, prompts: list[torch.Tensor], steps: int) -> tuple[list[t
     return logits, torch.cat(toks, 1)
 
 
-def test_compiled_decode_equals_eager_for_every_budget_and_across_cache_growth(nested):
-    eager = elastic_local.load(nested, dtype=torch.float32)
-    compiled = elastic_local.load(nested, dtype=torch.float32, compile=True)
-    g = torch.Generator().manual_seed(3)
-    # 60 and 45 prompt tokens: decoding 8 steps crosses the KV cache's first capacity (64), so it regrows
-    prompts = [torch.randint(0, 96, (60,), generator=g), torch.randint(0, 96, (45,), generator=g)]
+def decodes_like(model, eager, seed: int, device: str = "cpu", tol: float = 1e-4) -> None:
+    """`model` decodes as `eager` does, token for token and logits within `tol`, on every budget, for two rows
+    of 60 and 45 prompt tokens: 8 steps cross the KV cache's first capacity (64), so it regrows mid-decode.
+    Every step's logits are kept until the end (a step's output must not be overwritten by the next)."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, 96, (n,), generator=g).to(device) for n in (60, 45)]
     with torch.inference_mode():
         for name in eager.budgets:
             want_logits, want = decode(eager.net, eager.budget(name), prompts, 8)
-            got_logits, got = decode(compiled.net, compiled.budget(name), prompts, 8)
+            got_logits, got = decode(model.net, model.budget(name), prompts, 8)
             assert torch.equal(got, want), name
             for a, b in zip(got_logits, want_logits):
-                torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+                torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+
+
+def test_compiled_decode_equals_eager_for_every_budget_and_across_cache_growth(nested):
+    eager = elastic_local.load(nested, dtype=torch.float32)
+    compiled = elastic_local.load(nested, dtype=torch.float32, compile=True)
+    decodes_like(compiled, eager, seed=3)
     assert set(compiled.net.compiled) == {compiled.budget(n) for n in compiled.budgets}  # one graph per budget
     assert None not in compiled.net.compiled.values()  # each compiled, as one graph (none fell back to eager)
 

@@ -73,17 +73,19 @@ def route(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, experts: int,
 
 
 def moe(x: torch.Tensor, w: MoEWeights, experts: int, channels: int, shared_channels: int, cfg,
-        soft: SoftLayer | None = None) -> torch.Tensor:
+        soft: SoftLayer | None = None, sync_free: bool = False) -> torch.Tensor:
     """Routed experts + shared expert. Several tokens: in C where it runs (`_experts_cpu`), else grouped by
     expert (one sort) and each expert that got any token runs once on all of its tokens: the Python loop
-    is over experts, never over tokens."""
+    is over experts, never over tokens. `sync_free` (a step a CUDA graph records): `_experts_gathered`."""
     keep, keep_shared = unit_weights(soft, "expert_channels", channels), unit_weights(soft, "shared_channels",
                                                                                       shared_channels)
     shape = x.shape
     d = shape[-1]
     flat = x.reshape(-1, d)
     weights, ids = route(flat, w.gate, w.bias, experts, cfg, unit_weights(soft, "experts", experts))
-    if flat.shape[0] == 1:  # one token (batch-1 decode): just its k experts, no sorting
+    if sync_free:
+        out = _experts_gathered(flat, w, experts, channels, ids, weights)
+    elif flat.shape[0] == 1:  # one token (batch-1 decode): just its k experts, no sorting
         out = sum(mlp(flat, w.up[e], w.down[e], channels, keep) * wt
                   for e, wt in zip(ids[0].tolist(), weights[0].to(x.dtype).unbind()))
     else:
@@ -110,6 +112,27 @@ def _experts_grouped(flat: torch.Tensor, w: MoEWeights, experts: int, channels: 
         out.index_add_(0, rows, h.float() * weights.reshape(-1)[order[pos:pos + n], None])
         pos += n
     return out
+
+
+def _experts_gathered(flat: torch.Tensor, w: MoEWeights, experts: int, channels: int, ids: torch.Tensor,
+                      weights: torch.Tensor) -> torch.Tensor:
+    """The routed experts' sum [N, d] float32 without reading a value back to the host: every (token, expert)
+    pair gathers its expert's weights (float weights only) and the products run batched, so the kernels and
+    their shapes are the same on every step, which a CUDA graph needs (model/graphs.py). The gather reads the
+    chosen experts' weights once more than the product does: affordable for a few decode rows, not a prompt."""
+    (n, d), k = flat.shape, ids.shape[1]
+    pick = ids.reshape(-1)
+    up, down = _gather(w.up, experts, channels, d, pick), _gather(w.down, experts, d, channels, pick)
+    h = F.relu(torch.bmm(up, flat.repeat_interleave(k, 0)[:, :, None])).square()  # [N*k, I, 1]
+    y = torch.bmm(down, h).view(n, k, d).float()
+    return (y * weights[..., None]).sum(1)
+
+
+def _gather(w, experts: int, rows: int, cols: int, pick: torch.Tensor) -> torch.Tensor:
+    """[len(pick), rows, cols]: block (rows, cols) of the experts `pick` of w [E, out, in] (or its Transposed)."""
+    if isinstance(w, Transposed):
+        return w.t[:experts, :cols, :rows][pick].transpose(1, 2)
+    return w[:experts, :rows, :cols][pick]
 
 
 def _experts_cpu(flat: torch.Tensor, w: MoEWeights, experts: int, channels: int, ids: torch.Tensor,

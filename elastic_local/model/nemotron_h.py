@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-from . import step
+from . import graphs, step
 from .attention import AttentionWeights, KVCache, attention
 from .budget import Budget
 from .config import NemotronHConfig
@@ -91,8 +91,18 @@ class NemotronH:
         # per-head output before out_proj ("mamba_y"); importance scoring uses it, inference leaves it None
         self.observer: Observer | None = None
         self.compiled: dict[Budget, Callable | None] | None = None  # see compile_decode; None: runs eagerly
+        self.graphs: dict[Budget, graphs.StepGraph | None] | None = None  # see capture_decode; None: off
         # per budget, the C decode step (model/step.py) built on its first one-token step; None: not covered
         self.c_steps: dict[Budget, step.DecodeStep | None] = {}
+
+    def _float_weights(self, what: str) -> bool:
+        """Whether every resident weight is a float tensor; else warns that `what` covers only those."""
+        plain = (torch.Tensor, Transposed, int, float, type(None))
+        if any(not isinstance(w, plain) for layer in self.layers if layer.mixer is not None
+               for w in vars(layer.mixer).values()):
+            log.warning("%s covers float weights; these quantized ones decode eagerly", what)
+            return False
+        return True
 
     def compile_decode(self) -> None:
         """Run one-token decode steps (inference, no observer) through `torch.compile`, one graph per budget,
@@ -101,13 +111,42 @@ class NemotronH:
         decode"). The step is the same layer code, with attention over the cache's whole capacity under
         a position mask so that no shape depends on the position. Float weights only: packed FP8 / NVFP4
         weights pick their expert blocks in Python, which the tracer cannot follow; those run eagerly."""
-        plain = (torch.Tensor, Transposed, int, float, type(None))
-        if any(not isinstance(w, plain) for layer in self.layers if layer.mixer is not None
-               for w in vars(layer.mixer).values()):
-            log.warning("the compiled decode step covers float weights; these quantized ones decode eagerly")
+        if not self._float_weights("the compiled decode step"):
             return
         self.compiled = {}
         self._traced: dict[Budget, set[tuple[int, int]]] = {}  # per budget, the (rows, capacity) it has run
+
+    def capture_decode(self, record: graphs.Recorder = graphs.cuda_record) -> None:
+        """Replay one-token decode steps (inference, no observer) from CUDA graphs, one per budget, recorded
+        on its first step and again for each new cache (graphs.py). Float weights only, as compile_decode.
+        On CUDA this path is taken before the compiled one. `record`: tests record with a stand-in on the CPU."""
+        if record is graphs.cuda_record and self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs record GPU kernels; this model is on {self.device}: load it on a "
+                             "CUDA device (--device cuda), or leave CUDA graphs off")
+        if self._float_weights("the CUDA-graph decode step"):
+            self.graphs, self._record = {}, record
+
+    def _graphed_step(self, ids: torch.Tensor, b: Budget, cache: HybridCache) -> torch.Tensor:
+        for s in cache.layers:
+            if isinstance(s, KVCache):
+                s.grow(max(cache.lengths) + 1)  # a new capacity (new tensors) records a new graph
+        lengths = torch.tensor(cache.lengths, device=ids.device)
+        g = self.graphs.get(b, False)
+        if g is False or (g is not None and g.key != graphs.bound_to(ids, cache.layers)):
+            g = self.graphs[b] = None  # the old graph's memory goes before the new one is recorded
+            run = partial(self._layers, states=cache.layers, b=b, static=True, sync_free=True)
+            try:
+                g = graphs.StepGraph.record(lambda i, n: run(i, lengths=n), ids, lengths, cache.layers, self._record)
+            except RuntimeError as e:  # CUDA refused an op while capturing
+                log.warning("recording the decode step of budget %r into a CUDA graph failed; it runs eagerly (%s)",
+                            b.name, str(e).splitlines()[0] if str(e) else type(e).__name__)
+                g = None
+            self.graphs[b] = g
+        if g is None:
+            return self._forward(ids, b, cache, last_only=False)
+        logits = g(ids, lengths)
+        cache.lengths = [n + 1 for n in cache.lengths]
+        return logits
 
     def _compiled_step(self, ids: torch.Tensor, b: Budget, cache: HybridCache) -> torch.Tensor:
         capacity = 0
@@ -240,6 +279,8 @@ class NemotronH:
                 c_step = self.c_steps[b]
                 if c_step is not None and step.serves(cache):
                     return c_step(int(ids[0, 0]), cache)
+            if self.graphs is not None and torch.is_inference_mode_enabled():
+                return self._graphed_step(ids, b, cache)
             if self.compiled is not None and torch.is_inference_mode_enabled():
                 return self._compiled_step(ids, b, cache)
         if cache is None or T <= self.prefill_chunk:
@@ -265,9 +306,11 @@ class NemotronH:
     def _layers(self, ids: torch.Tensor, states: list | None, b: Budget, start: int = 0,
                 lengths: torch.Tensor | None = None, last_only: bool = False,
                 soft: list[SoftLayer | None] | None = None, soft_hidden: SoftSize | None = None,
-                static: bool = False) -> torch.Tensor:
+                static: bool = False, sync_free: bool = False) -> torch.Tensor:
         """The network over `ids` continuing `states` (a cache's layers, advanced in place): embeddings,
-        every enabled block, the final norm and the LM head."""
+        every enabled block, the final norm and the LM head. `static`: no shape depends on the positions
+        (attention covers the cache's capacity); `sync_free`: no value is read back to the host either
+        (the MoE gathers its experts), so a CUDA graph can record the step (graphs.py)."""
         cfg, d = self.cfg, b.hidden
         eps = cfg.layer_norm_epsilon
         norm = rms_norm if soft_hidden is None else soft_hidden.rms_norm
@@ -290,7 +333,7 @@ class NemotronH:
                 x = attention(x, layer.mixer, s.attention_heads, cfg, state, start, lengths, sl.get("attention_heads"),
                               static)
             elif s.kind == "E":
-                x = moe(x, layer.mixer, s.experts, s.expert_channels, s.shared_channels, cfg, sl)
+                x = moe(x, layer.mixer, s.experts, s.expert_channels, s.shared_channels, cfg, sl, sync_free)
             else:
                 keep = unit_weights(sl, "mlp_channels", s.mlp_channels)
                 x = mlp(x, layer.mixer.up, layer.mixer.down, s.mlp_channels, keep)

@@ -1,0 +1,154 @@
+"""Decode steps replayed from CUDA graphs (`NemotronH.capture_decode`, model/graphs.py).
+
+The CPU cannot record a CUDA graph, so two properties are pinned here separately:
+- the recorded step reads nothing back to the host (run on the meta device, where any such read raises);
+- the replay machinery (input and output buffers, one graph per budget and cache, states left as they
+  were by the recording) gives eager decoding's tokens and logits, with a recorder that replays the
+  closure in torch. The GPU test runs the real recorder where there is a GPU."""
+
+import pytest
+import torch
+from test_compiled_decode import decode, decodes_like
+
+import elastic_local
+from elastic_local.engine.load import LAYOUT_ENV
+from elastic_local.model import graphs
+from elastic_local.model.linear import Transposed
+from elastic_local.model.moe import moe
+
+pytestmark = pytest.mark.usefixtures("no_c_step")
+
+
+class Recorder:
+    """A stand-in for graphs.cuda_record: runs the closure to get its output buffer (as the warm-up does),
+    then each replay runs it again into that buffer, reading whatever the input buffers hold by then."""
+
+    def __init__(self):
+        self.recorded = 0
+        self.replays = 0
+
+    def __call__(self, run):
+        self.recorded += 1
+        out = run()
+
+        def replay():
+            self.replays += 1
+            out.copy_(run())
+
+        return replay, out
+
+
+def to_meta(net) -> None:
+    """Every weight of `net` on the meta device: shapes and dtypes only, and any read of a value raises."""
+    def meta(w):
+        if isinstance(w, Transposed):
+            return Transposed(w.t.to("meta"))
+        return w.to("meta") if isinstance(w, torch.Tensor) else w
+
+    for layer in net.layers:
+        layer.norm = meta(layer.norm)
+        if layer.mixer is not None:
+            for name, w in vars(layer.mixer).items():
+                setattr(layer.mixer, name, meta(w))
+    net.embed, net.norm_f, net.lm_head = meta(net.embed), meta(net.norm_f), meta(net.lm_head)
+
+
+def test_the_recorded_step_reads_nothing_back_to_the_host_on_any_budget(nested):
+    m = elastic_local.load(nested, dtype=torch.float32)
+    to_meta(m.net)
+    for name in m.budgets:
+        b = m.budget(name)
+        cache = m.net.new_cache(2, budget=b, capacity=16)
+        ids, lengths = torch.zeros(2, 1, dtype=torch.long, device="meta"), torch.zeros(2, dtype=torch.long,
+                                                                                       device="meta")
+        logits = m.net._layers(ids, cache.layers, b, lengths=lengths, static=True, sync_free=True)
+        assert logits.shape == (2, 1, m.net.cfg.vocab_size)
+        with pytest.raises((RuntimeError, NotImplementedError)):  # the probe catches what it should: the
+            m.net._layers(ids, cache.layers, b, lengths=lengths, static=True)  # MoE's ids read as Python ints
+
+
+@pytest.mark.parametrize("layout", ["transposed", "rows"])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_gathered_experts_equal_the_per_expert_ones_on_every_budget(nested, rows, layout, monkeypatch):
+    monkeypatch.setenv(LAYOUT_ENV, layout)
+    m = elastic_local.load(nested, dtype=torch.float32)
+    for name in m.budgets:
+        b = m.budget(name)
+        for i, (layer, s) in enumerate(zip(m.net.layers, b.layers)):
+            if s.kind != "E" or not s.enabled:
+                continue
+            assert isinstance(layer.mixer.up, Transposed) == (layout == "transposed")
+            x = torch.randn(rows, 1, b.hidden, generator=torch.Generator().manual_seed(i))
+            args = (x, layer.mixer, s.experts, s.expert_channels, s.shared_channels, m.net.cfg)
+            torch.testing.assert_close(moe(*args, sync_free=True), moe(*args), atol=1e-5, rtol=1e-5)
+
+
+def test_replayed_decode_equals_eager_for_every_budget_rows_and_cache_growth(nested):
+    eager = elastic_local.load(nested, dtype=torch.float32)
+    replayed = elastic_local.load(nested, dtype=torch.float32)
+    rec = Recorder()
+    replayed.net.capture_decode(record=rec)
+    decodes_like(replayed, eager, seed=5)  # the cache regrows mid-decode: a new graph
+    budgets = len(eager.budgets)
+    assert rec.recorded == 2 * budgets  # per budget: the first step, then the regrown cache's
+    assert rec.replays == 8 * budgets
+    assert None not in replayed.net.graphs.values()
+
+
+def test_a_new_cache_records_a_new_graph_and_one_sequence_continues_across_turns(nested):
+    eager = elastic_local.load(nested, dtype=torch.float32)
+    replayed = elastic_local.load(nested, dtype=torch.float32)
+    rec = Recorder()
+    replayed.net.capture_decode(record=rec)
+    prompt = torch.randint(0, 96, (1, 10), generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        for _ in range(2):  # two conversations: the second cache has other tensors
+            outs = []
+            for m in (eager, replayed):
+                cache = m.net.new_cache(1, capacity=32)
+                tok = m.net.forward(prompt, cache=cache)[:, -1:].argmax(-1)
+                toks = [tok]
+                for _ in range(6):
+                    tok = m.net.forward(tok, cache=cache)[:, -1:].argmax(-1)
+                    toks.append(tok)
+                outs.append(torch.cat(toks, 1))
+            assert torch.equal(*outs)
+    assert rec.recorded == 2
+
+
+def test_a_step_that_fails_to_record_runs_eagerly_with_the_states_as_they_were(nested, caplog):
+    eager = elastic_local.load(nested, dtype=torch.float32)
+    m = elastic_local.load(nested, dtype=torch.float32)
+
+    def refuse(run):
+        run()  # the warm-up ran (and advanced the Mamba states) before the capture failed
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    m.net.capture_decode(record=refuse)
+    prompts = [torch.randint(0, 96, (20,), generator=torch.Generator().manual_seed(7))]
+    with torch.inference_mode():
+        want_logits, want = decode(eager.net, eager.budget("half"), prompts, 4)
+        got_logits, got = decode(m.net, m.budget("half"), prompts, 4)
+    assert torch.equal(got, want)
+    for a, b in zip(got_logits, want_logits):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert m.net.graphs == {m.budget("half"): None}
+    assert "runs eagerly" in caplog.text
+
+
+def test_cuda_graphs_refuse_a_model_on_the_cpu_before_reading_weights(nested):
+    m = elastic_local.load(nested, dtype=torch.float32)
+    with pytest.raises(ValueError, match="CUDA graphs record GPU kernels.*--device cuda"):
+        m.net.capture_decode()
+    with pytest.raises(ValueError, match="the device is cpu.*--device cuda"):
+        elastic_local.load(nested / "missing", cuda_graphs=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the device check runs it)")
+def test_cuda_graph_decode_equals_eager_on_a_gpu(nested):
+    eager = elastic_local.load(nested, device="cuda", dtype=torch.float32)
+    replayed = elastic_local.load(nested, device="cuda", dtype=torch.float32, cuda_graphs=True)
+    assert replayed.net.graphs == {}
+    decodes_like(replayed, eager, seed=8, device="cuda", tol=1e-3)
+    assert None not in replayed.net.graphs.values()
+    assert isinstance(next(iter(replayed.net.graphs.values())), graphs.StepGraph)
