@@ -35,7 +35,7 @@ def kernels_built():
     assert gemv.library() is not None, "the CPU decode kernels did not build (see the warning)"
 
 
-@pytest.mark.parametrize("rows", [1, 2, 4])
+@pytest.mark.parametrize("rows", [1, 2, 4, 7])
 @pytest.mark.parametrize("shape", SHAPES + FLOAT_ONLY_SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_float_matvec_equals_torch_matmul(shape, rows, dtype):
@@ -47,7 +47,7 @@ def test_float_matvec_equals_torch_matmul(shape, rows, dtype):
     torch.testing.assert_close(y, ref, rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 4])
+@pytest.mark.parametrize("rows", [1, 2, 4, 7])
 @pytest.mark.parametrize("shape", SHAPES + FLOAT_ONLY_SHAPES + [(5000, 700)])
 def test_transposed_float32_weights_and_their_budget_views_equal_torch_matmul(shape, rows):
     """The default CPU layout ([in, out]): the whole weight, and a block of it (rows r0:r1, first cols)."""
@@ -62,7 +62,7 @@ def test_transposed_float32_weights_and_their_budget_views_equal_torch_matmul(sh
         torch.testing.assert_close(y, xs @ view.t, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("rows", [1, 3, gemv.MAX_PACKED_ROWS])
+@pytest.mark.parametrize("rows", [1, 3, 5, gemv.MAX_PACKED_ROWS])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_fp8_and_nvfp4_equal_the_dequantized_matmul(shape, rows):
     w = weight(shape, seed=1)

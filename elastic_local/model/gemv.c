@@ -23,6 +23,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -158,6 +159,106 @@ static inline void decode_nvfp4(const uint8_t *w, const uint8_t *scales, int64_t
     }
 }
 
+static inline void decode_bf16(const uint16_t *w, int64_t K, float *out) {
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) _mm256_storeu_ps(out + k, bf16_as_f32(_mm_loadu_si128((const __m128i *)(w + k))));
+    for (; k < K; k++) {
+        uint32_t bits = (uint32_t)w[k] << 16;
+        memcpy(out + k, &bits, sizeof(float));
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------------
+ * Many rows of x (a prompt's projections, an expert's tokens): the weight is decoded 16 rows at a time,
+ * its scale folded in, into a panel P [K, 16], and 4 x 16 register tiles run over the rows of x: each
+ * decode serves every row of x, and each load of the panel serves four of them (the per-row dot products
+ * load a weight value for every multiply). */
+
+/* c[r, 0:16] = sum_k a[r, k] b[k, 0:16] for r < rows (a row-major, b's rows ldb apart): a 4 x 16
+   register tile, 8 FMAs per k against 2 loads of b and 4 broadcasts of a. */
+static inline __attribute__((always_inline)) void tile(int rows, const float *a, int64_t lda, const float *b,
+                                                       int64_t ldb, int64_t K, float *c, int64_t ldc) {
+    __m256 acc[4][2];
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        const __m256 b0 = _mm256_loadu_ps(b + k * ldb), b1 = _mm256_loadu_ps(b + k * ldb + 8);
+        for (int r = 0; r < rows; r++) {
+            const __m256 ar = _mm256_broadcast_ss(a + r * lda + k);
+            acc[r][0] = _mm256_fmadd_ps(ar, b0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(ar, b1, acc[r][1]);
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        _mm256_storeu_ps(c + r * ldc, acc[r][0]);
+        _mm256_storeu_ps(c + r * ldc + 8, acc[r][1]);
+    }
+}
+
+/* c [m, cols] = a [m, K] b [K, cols], cols <= 16: whole tiles, or plain loops for a last, narrower column
+   block. */
+void gemm_cols(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t K, float *c, int64_t ldc,
+               int64_t m, int64_t cols) {
+    for (int64_t r = 0; r < m; r += 4) {
+        const float *ar = a + r * lda;
+        float *cr = c + r * ldc;
+        if (cols < 16) {
+            for (int64_t q = r; q < m && q < r + 4; q++)
+                for (int64_t j = 0; j < cols; j++) {
+                    float t = 0.f;
+                    for (int64_t k = 0; k < K; k++) t += a[q * lda + k] * b[k * ldb + j];
+                    c[q * ldc + j] = t;
+                }
+            continue;
+        }
+        switch (m - r < 4 ? m - r : 4) { /* one specialised tile per row count */
+        case 1: tile(1, ar, lda, b, ldb, K, cr, ldc); break;
+        case 2: tile(2, ar, lda, b, ldb, K, cr, ldc); break;
+        case 3: tile(3, ar, lda, b, ldb, K, cr, ldc); break;
+        default: tile(4, ar, lda, b, ldb, K, cr, ldc);
+        }
+    }
+}
+
+enum { PANEL_F32, PANEL_BF16, PANEL_FP8, PANEL_NVFP4 };
+#define PANEL_MIN_ROWS 4 /* fewer rows: the dot products, which need no transposed copy */
+
+static void decode_row(int format, const void *w, const uint8_t *scales, int64_t K, float *row) {
+    switch (format) {
+    case PANEL_F32: memcpy(row, w, sizeof(float) * K); break;
+    case PANEL_BF16: decode_bf16(w, K, row); break;
+    case PANEL_FP8: decode_fp8(w, K, row); break;
+    default: decode_nvfp4(w, scales, K, row);
+    }
+}
+
+/* y[:, n0:n1] = x W[n0:n1]^T * scale, W's rows ldw bytes apart (NVFP4's scales lds bytes); returns 0 where
+   the panel could not be allocated, and the caller takes the dot products. */
+static int panels(int format, const float *x, const void *w, const uint8_t *scales, float *y, int64_t M,
+                  int64_t N, int64_t K, int64_t ldw, int64_t lds, float scale, int64_t n0, int64_t n1) {
+    float *P = malloc(sizeof(float) * (16 * K + K + 16 * M));
+    if (!P) return 0;
+    float *row = P + 16 * K, *c = row + K;
+    for (int64_t n = n0; n < n1; n += 16) {
+        const int64_t cols = n1 - n < 16 ? n1 - n : 16;
+        for (int64_t j = 0; j < 16; j++) {
+            if (j < cols) {
+                decode_row(format, (const uint8_t *)w + (n + j) * ldw, scales ? scales + (n + j) * lds : NULL, K, row);
+                for (int64_t k = 0; k < K; k++) P[k * 16 + j] = row[k] * scale;
+            } else {
+                for (int64_t k = 0; k < K; k++) P[k * 16 + j] = 0.f;
+            }
+        }
+        if (cols == 16) {
+            gemm_cols(x, K, P, 16, K, y + n, N, M, 16);
+        } else { /* a last, narrower block: whole tiles into c, then its columns */
+            gemm_cols(x, K, P, 16, K, c, 16, M, 16);
+            for (int64_t m = 0; m < M; m++) memcpy(y + m * N + n, c + m * 16, sizeof(float) * cols);
+        }
+    }
+    free(P);
+    return 1;
+}
+
 /* ------------------------------------------------------------------------------------------------------
  * The kernels over one thread's share of the outputs, [n0, n1); `share` says which. Called by the gemv_*
  * entry points below, each in its own parallel region, and by step.c inside a block's one region. */
@@ -176,6 +277,7 @@ void share(int64_t N, int64_t *n0, int64_t *n1) {
 
 void part_f32(const float *x, const float *w, float *y, int64_t M, int64_t N, int64_t K, int64_t ldw,
               int64_t n0, int64_t n1) {
+    if (M >= PANEL_MIN_ROWS && panels(PANEL_F32, x, w, NULL, y, M, N, K, ldw * 4, 0, 1.f, n0, n1)) return;
     for (int64_t n = n0; n < n1; n++)
         for (int64_t m = 0; m < M; m++) y[m * N + n] = dot_f32(x + m * K, w + n * ldw, K);
 }
@@ -209,6 +311,7 @@ void part_t_f32(const float *x, const float *t, float *y, int64_t M, int64_t N, 
 
 void part_bf16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t N, int64_t K, int64_t ldw,
                int64_t n0, int64_t n1) {
+    if (M >= PANEL_MIN_ROWS && panels(PANEL_BF16, x, w, NULL, y, M, N, K, ldw * 2, 0, 1.f, n0, n1)) return;
     for (int64_t n = n0; n < n1; n++)
         for (int64_t m = 0; m < M; m++) y[m * N + n] = dot_bf16(x + m * K, w + n * ldw, K);
 }
@@ -216,6 +319,7 @@ void part_bf16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t N
 void part_fp8(const float *x, const uint8_t *w, float *y, int64_t M, int64_t N, int64_t K, int64_t ldw,
               float scale, int64_t n0, int64_t n1) {
     scale *= 256.f;
+    if (M >= PANEL_MIN_ROWS && panels(PANEL_FP8, x, w, NULL, y, M, N, K, ldw, 0, scale, n0, n1)) return;
     for (int64_t n = n0; n < n1; n++) {
         if (M == 1) {
             y[n] = dot_fp8(x, w + n * ldw, K) * scale;
@@ -237,6 +341,7 @@ void permute_nvfp4(const float *x, float *xp, int64_t MK) {
 void part_nvfp4(const float *xp, const uint8_t *w, const uint8_t *scales, float *y, int64_t M, int64_t N,
                 int64_t K, int64_t ldw, int64_t lds, float scale, int64_t n0, int64_t n1) {
     scale *= 16384.f * 256.f;
+    if (M >= PANEL_MIN_ROWS && panels(PANEL_NVFP4, xp, w, scales, y, M, N, K, ldw, lds, scale, n0, n1)) return;
     for (int64_t n = n0; n < n1; n++) {
         if (M == 1) {
             y[n] = dot_nvfp4(xp, w + n * ldw, scales + n * lds, K) * scale;

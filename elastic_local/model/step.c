@@ -27,6 +27,8 @@ void part_t_f32(const float *, const float *, float *, int64_t, int64_t, int64_t
 void part_bf16(const float *, const uint16_t *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
 void part_fp8(const float *, const uint8_t *, float *, int64_t, int64_t, int64_t, int64_t, float, int64_t, int64_t);
 void permute_nvfp4(const float *x, float *xp, int64_t MK);
+void gemm_cols(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t K, float *c, int64_t ldc,
+               int64_t m, int64_t cols);
 void part_nvfp4(const float *, const uint8_t *, const uint8_t *, float *, int64_t, int64_t, int64_t, int64_t,
                 int64_t, float, int64_t, int64_t);
 
@@ -566,51 +568,6 @@ int ssm_scan(const float *x, const int64_t *xs, const float *dt, const int64_t *
 }
 
 /* ------------------------------------------------------------------- MoE experts over a prompt */
-
-/* c[r, 0:16] = sum_k a[r, k] b[k, 0:16] for r < rows (a row-major, b's rows ldb apart): a 4 x 16
-   register tile, 8 FMAs per k against 2 loads of b and 4 broadcasts of a. */
-static inline __attribute__((always_inline)) void tile(int rows, const float *a, int64_t lda, const float *b,
-                                                       int64_t ldb, int64_t K, float *c, int64_t ldc) {
-    __m256 acc[4][2];
-    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k++) {
-        const __m256 b0 = _mm256_loadu_ps(b + k * ldb), b1 = _mm256_loadu_ps(b + k * ldb + 8);
-        for (int r = 0; r < rows; r++) {
-            const __m256 ar = _mm256_broadcast_ss(a + r * lda + k);
-            acc[r][0] = _mm256_fmadd_ps(ar, b0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(ar, b1, acc[r][1]);
-        }
-    }
-    for (int r = 0; r < rows; r++) {
-        _mm256_storeu_ps(c + r * ldc, acc[r][0]);
-        _mm256_storeu_ps(c + r * ldc + 8, acc[r][1]);
-    }
-}
-
-/* c [m, cols] = a [m, K] b [K, cols], cols <= 16: whole tiles, or plain loops for a last, narrower column
-   block. */
-static void gemm_cols(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t K, float *c, int64_t ldc,
-                      int64_t m, int64_t cols) {
-    for (int64_t r = 0; r < m; r += 4) {
-        const float *ar = a + r * lda;
-        float *cr = c + r * ldc;
-        if (cols < 16) {
-            for (int64_t q = r; q < m && q < r + 4; q++)
-                for (int64_t j = 0; j < cols; j++) {
-                    float t = 0.f;
-                    for (int64_t k = 0; k < K; k++) t += a[q * lda + k] * b[k * ldb + j];
-                    c[q * ldc + j] = t;
-                }
-            continue;
-        }
-        switch (m - r < 4 ? m - r : 4) { /* one specialised tile per row count */
-        case 1: tile(1, ar, lda, b, ldb, K, cr, ldc); break;
-        case 2: tile(2, ar, lda, b, ldb, K, cr, ldc); break;
-        case 3: tile(3, ar, lda, b, ldb, K, cr, ldc); break;
-        default: tile(4, ar, lda, b, ldb, K, cr, ldc);
-        }
-    }
-}
 
 /* Outputs [c0, c1) of y [m, N] (rows N apart) = x [m, K] W^T for any weight format (x permuted for
    NVFP4, permute_nvfp4): float32 [in, out] on the tiles, the others on gemv.c's kernels, which decode each
