@@ -299,6 +299,25 @@ void part_t_f32(const float *x, const float *t, float *y, int64_t M, int64_t N, 
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = n0; n < n1; n++) y[m * N + n] = 0.f;
     int64_t k = 0;
+    for (; M == 1 && k + 8 <= K; k += 8) { /* one row of x: eight rows of T per pass over y */
+        const float *t0 = t + k * ldt;
+        __m256 xs[8];
+        for (int j = 0; j < 8; j++) xs[j] = _mm256_set1_ps(x[k + j]);
+        int64_t n = n0;
+        for (; n + 8 <= n1; n += 8) {
+            __m256 a = _mm256_fmadd_ps(xs[0], _mm256_loadu_ps(t0 + n), _mm256_loadu_ps(y + n));
+            __m256 b = _mm256_mul_ps(xs[4], _mm256_loadu_ps(t0 + 4 * ldt + n));
+            a = _mm256_fmadd_ps(xs[1], _mm256_loadu_ps(t0 + ldt + n), a);
+            b = _mm256_fmadd_ps(xs[5], _mm256_loadu_ps(t0 + 5 * ldt + n), b);
+            a = _mm256_fmadd_ps(xs[2], _mm256_loadu_ps(t0 + 2 * ldt + n), a);
+            b = _mm256_fmadd_ps(xs[6], _mm256_loadu_ps(t0 + 6 * ldt + n), b);
+            a = _mm256_fmadd_ps(xs[3], _mm256_loadu_ps(t0 + 3 * ldt + n), a);
+            b = _mm256_fmadd_ps(xs[7], _mm256_loadu_ps(t0 + 7 * ldt + n), b);
+            _mm256_storeu_ps(y + n, _mm256_add_ps(a, b));
+        }
+        for (; n < n1; n++)
+            for (int j = 0; j < 8; j++) y[n] += x[k + j] * t0[j * ldt + n];
+    }
     for (; k + 4 <= K; k += 4) {
         const float *t0 = t + k * ldt, *t1 = t0 + ldt, *t2 = t1 + ldt, *t3 = t2 + ldt;
         for (int64_t m = 0; m < M; m++) {
