@@ -16,9 +16,11 @@
  *
  * gemv_t_f32 takes a float32 weight kept transposed, T = W^T [K, ldt] (model/linear.Transposed): a
  * budget's view T[:K, r0:r1] is K row segments. Each thread owns a slice of the outputs, keeps them in
- * its cache and adds four rows of T at a time into them: four streams, no horizontal sums.
- * With one row of x the decode feeds the products directly; with several, each weight row is decoded
- * once into a scratch row that every row of x then reads.
+ * its cache and adds eight rows of T at a time into them (four with several rows of x): eight streams,
+ * no horizontal sums.
+ * With one row of x the decode feeds the products directly; with two or three, each weight row is
+ * decoded once into a scratch row that every row of x then reads; from four, 16 weight rows at a time are
+ * decoded into a panel that register tiles run over (the section "Many rows of x").
  */
 #include <immintrin.h>
 #include <stdint.h>

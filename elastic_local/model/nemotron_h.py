@@ -131,8 +131,8 @@ class NemotronH:
             if isinstance(s, KVCache):
                 s.grow(max(cache.lengths) + 1)  # a new capacity (new tensors) records a new graph
         lengths = torch.tensor(cache.lengths, device=ids.device)
-        g = self.graphs.get(b, False)
-        if g is False or (g is not None and g.key != graphs.bound_to(ids, cache.layers)):
+        g = self.graphs.get(b)
+        if b not in self.graphs or (g is not None and g.key != graphs.bound_to(ids, cache.layers)):
             g = self.graphs[b] = None  # the old graph's memory goes before the new one is recorded
             run = partial(self._layers, states=cache.layers, b=b, static=True, sync_free=True)
             try:
