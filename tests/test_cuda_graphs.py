@@ -152,3 +152,10 @@ def test_cuda_graph_decode_equals_eager_on_a_gpu(nested):
     decodes_like(replayed, eager, seed=8, device="cuda", tol=1e-3)
     assert None not in replayed.net.graphs.values()
     assert isinstance(next(iter(replayed.net.graphs.values())), graphs.StepGraph)
+
+
+def test_quantized_weights_keep_the_eager_step_with_a_warning(nested, caplog):
+    m = elastic_local.load(nested, dtype=torch.float32, precision="fp8")
+    m.net.capture_decode(record=Recorder())
+    assert m.net.graphs is None
+    assert "CUDA-graph decode step covers float weights" in caplog.text
