@@ -90,8 +90,10 @@ def test_replayed_decode_equals_eager_for_every_budget_rows_and_cache_growth(nes
     replayed.net.capture_decode(record=rec)
     decodes_like(replayed, eager, seed=5)  # the cache regrows mid-decode: a new graph
     budgets = len(eager.budgets)
-    assert rec.recorded == 2 * budgets  # per budget: the first step, then the regrown cache's
-    assert rec.replays == 8 * budgets
+    # per budget, of 8 steps: the stacked cache's first runs eagerly, its second records; the KV cache
+    # regrows at the fifth (64 tokens), which runs eagerly, and the sixth records again
+    assert rec.recorded == 2 * budgets
+    assert rec.replays == 6 * budgets
     assert None not in replayed.net.graphs.values()
 
 
@@ -114,6 +116,33 @@ def test_a_new_cache_records_a_new_graph_and_one_sequence_continues_across_turns
                 outs.append(torch.cat(toks, 1))
             assert torch.equal(*outs)
     assert rec.recorded == 2
+
+
+def test_a_sub_batch_taken_for_one_step_is_never_recorded(nested):
+    """The engine decodes a subset of its rows through a copy of theirs (engine/caches.take_rows), a new
+    cache every step: recording each would cost two steps a step."""
+    from elastic_local.engine.caches import put_rows, take_rows
+
+    eager = elastic_local.load(nested, dtype=torch.float32)
+    m = elastic_local.load(nested, dtype=torch.float32)
+    rec = Recorder()
+    m.net.capture_decode(record=rec)
+    prompt = torch.randint(0, 96, (2, 10), generator=torch.Generator().manual_seed(9))
+    outs = []
+    with torch.inference_mode():
+        for model in (eager, m):
+            cache = model.net.new_cache(2, capacity=32)
+            tok = model.net.forward(prompt, cache=cache)[:, -1:].argmax(-1)
+            toks = []
+            for _ in range(4):  # row 1 alone decodes
+                sub = take_rows(cache, [1])
+                tok = model.net.forward(tok[1:], cache=sub)[:, -1:].argmax(-1)
+                put_rows(cache, [1], sub)
+                toks.append(tok)
+                tok = torch.cat([tok, tok])
+            outs.append(torch.cat(toks, 1))
+    assert torch.equal(*outs)
+    assert rec.recorded == 0
 
 
 def test_a_step_that_fails_to_record_runs_eagerly_with_the_states_as_they_were(nested, caplog):

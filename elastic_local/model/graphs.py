@@ -10,9 +10,10 @@ A graph replays the same kernels on the same addresses, so the step it records
   reading their ids as Python ints;
 - reads its inputs (token ids, positions) from buffers of its own, copied in before each replay, and
   writes its logits into one, copied out after;
-- belongs to one cache, whose KV and Mamba tensors it writes. A step on another cache (the next
-  conversation, a batch restacked, a KV cache that regrew) records a new graph, for about the cost of two
-  eager steps; each budget keeps its latest graph.
+- belongs to one cache, whose KV and Mamba tensors it writes. Another cache (the next conversation, a
+  batch restacked, a KV cache that regrew) runs its first step eagerly and records a new graph on its
+  second, for about the cost of two eager steps, so a cache stepped once (the engine's sub-batch of the
+  rows that decode) is never recorded; each budget keeps its latest graph.
 Recording runs the step once for real (a warm-up on a side stream, so that cuBLAS and Triton set
 themselves up outside the capture), so the Mamba states are copied first and put back after; the KV
 writes of a step are idempotent.

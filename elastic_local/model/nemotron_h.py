@@ -125,16 +125,22 @@ class NemotronH:
                              "CUDA device (--device cuda), or leave CUDA graphs off")
         if self._float_weights("the CUDA-graph decode step"):
             self.graphs, self._record = {}, record
+            self._seen: dict[Budget, tuple] = {}  # per budget, the cache (graphs.bound_to) of its last eager step
 
     def _graphed_step(self, ids: torch.Tensor, b: Budget, cache: HybridCache) -> torch.Tensor:
         for s in cache.layers:
             if isinstance(s, KVCache):
                 s.grow(max(cache.lengths) + 1)  # a new capacity (new tensors) records a new graph
-        lengths = torch.tensor(cache.lengths, device=ids.device)
-        g = self.graphs.get(b)
-        if b not in self.graphs or (g is not None and g.key != graphs.bound_to(ids, cache.layers)):
-            g = self.graphs[b] = None  # the old graph's memory goes before the new one is recorded
+        key, g = graphs.bound_to(ids, cache.layers), self.graphs.get(b)
+        if b in self.graphs and g is None:  # its recording failed
+            return self._forward(ids, b, cache, last_only=False)
+        if g is None or g.key != key:
+            if self._seen.get(b) != key:  # a cache's first step runs eagerly: one stepped once (a sub-batch
+                self._seen[b] = key  # of the rows that decode) is never recorded
+                return self._forward(ids, b, cache, last_only=False)
+            self.graphs.pop(b, None)  # the old graph's memory goes before the new one is recorded
             run = partial(self._layers, states=cache.layers, b=b, static=True, sync_free=True)
+            lengths = torch.tensor(cache.lengths, device=ids.device)
             try:
                 g = graphs.StepGraph.record(lambda i, n: run(i, lengths=n), ids, lengths, cache.layers, self._record)
             except RuntimeError as e:  # CUDA refused an op while capturing
@@ -142,9 +148,9 @@ class NemotronH:
                             b.name, str(e).splitlines()[0] if str(e) else type(e).__name__)
                 g = None
             self.graphs[b] = g
-        if g is None:
-            return self._forward(ids, b, cache, last_only=False)
-        logits = g(ids, lengths)
+            if g is None:
+                return self._forward(ids, b, cache, last_only=False)
+        logits = g(ids, torch.tensor(cache.lengths, device=ids.device))
         cache.lengths = [n + 1 for n in cache.lengths]
         return logits
 
