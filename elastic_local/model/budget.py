@@ -45,6 +45,13 @@ class Budget:
     def full(cls, cfg: NemotronHConfig, name: str = "full") -> Budget:
         return cls(name, cfg.hidden_size, tuple(full_layer(cfg, k) for k in cfg.pattern))
 
+    def __hash__(self) -> int:  # budgets key per-budget state looked up on every decode step: hash once
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.name, self.hidden, self.layers))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     def fits_in(self, other: Budget) -> bool:
         """True when every axis of this budget is a prefix of `other`'s (so it can run on its weights)."""
         return (self.hidden <= other.hidden and len(self.layers) == len(other.layers)

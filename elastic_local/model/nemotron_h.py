@@ -94,6 +94,7 @@ class NemotronH:
         self.graphs: dict[Budget, graphs.StepGraph | None] | None = None  # see capture_decode; None: off
         # per budget, the C decode step (model/step.py) built on its first one-token step; None: not covered
         self.c_steps: dict[Budget, step.DecodeStep | None] = {}
+        self._fitting: set[Budget] = set()  # budgets checked to fit the resident one
 
     def _float_weights(self, what: str) -> bool:
         """Whether every resident weight is a float tensor; else warns that `what` covers only those."""
@@ -239,11 +240,12 @@ class NemotronH:
         return self.embed.dtype
 
     def _budget(self, budget: Budget | None) -> Budget:
-        if budget is None:
-            return self.resident
+        if budget is None or budget in self._fitting:  # checked once per budget: every decode step asks
+            return self.resident if budget is None else budget
         if not budget.fits_in(self.resident):
             raise ValueError(f"budget {budget.name!r} is larger than the resident budget "
                              f"{self.resident.name!r}; load the checkpoint with a larger budget")
+        self._fitting.add(budget)
         return budget
 
     def new_cache(self, batch_size: int = 1, budget: Budget | None = None, capacity: int = 0) -> HybridCache:
