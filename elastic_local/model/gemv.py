@@ -62,8 +62,8 @@ _SIGNATURES = {
 }
 
 
-def _compile(out: Path) -> str | None:
-    """Build the sources into `out` (atomically: concurrent first runs each build and rename); None or why not."""
+def _compile(out: Path, sources: list[Path] = SOURCES) -> str | None:
+    """Build `sources` into `out` (atomically: concurrent first runs each build and rename); None or why not."""
     cc = os.environ.get("CC") or "cc"
     if shutil.which(cc) is None:
         return f"no C compiler: {cc!r} not found (install gcc, or set CC)"
@@ -73,7 +73,7 @@ def _compile(out: Path) -> str | None:
     why = ""
     try:
         for openmp in (["-fopenmp"], []):  # a compiler without OpenMP (e.g. clang without libomp): one thread
-            command = [cc, *FLAGS, *openmp, *map(str, SOURCES), "-o", tmp, "-lm"]
+            command = [cc, *FLAGS, *openmp, *map(str, sources), "-o", tmp, "-lm"]
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode == 0:
                 os.replace(tmp, out)
@@ -145,6 +145,11 @@ def _load() -> ctypes.CDLL | None:
         warnings.warn(f"CPU decode kernels unavailable ({why}); decode uses torch's matmul, which is slower "
                       f"(FP8 / NVFP4 weights several times slower)", stacklevel=2)
         return None
+    return bind(lib)
+
+
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """`lib` with every entry point's argument and result types set."""
     for name, args in _SIGNATURES.items():
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = ctypes.c_int  # 0; -1: a scratch buffer could not be allocated

@@ -1,0 +1,100 @@
+"""Two builds of the CPU kernels against each other in one process: the whole C decode step of each,
+alternated rep by rep on the same weights and cache.
+
+    .venv/bin/python benchmarks/bench_ab.py --base HEAD~1 [--configs 30m,100m] [--budget NAME] [--reps 12]
+
+Why: on a shared machine, runs minutes apart differ by more than a kernel change gains (bench_decode's
+decode spreads reached 40-80% here). Alternating two builds of model/gemv.c + step.c every 32 steps inside
+one process cancels most of that. `--base` is a git revision of the two sources; the other side is the
+working tree. For each config (bench_decode's presets, its checkpoints) it prints each side's median ms
+per decode step and the working tree's speed-up (above 1: faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_decode import build_checkpoint  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def build(rev: str, where: Path) -> ctypes.CDLL:
+    """The kernels as they were at git revision `rev`, built into `where`."""
+    from elastic_local.model import gemv
+
+    sources = []
+    for src in gemv.SOURCES:
+        rel = src.relative_to(ROOT).as_posix()
+        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{rel}"], capture_output=True, text=True)
+        if text.returncode:
+            raise SystemExit(f"git show {rev}:{rel}: {text.stderr.strip()}")
+        (where / src.name).write_text(text.stdout)
+        sources.append(where / src.name)
+    out = where / "base.so"
+    why = gemv._compile(out, sources)
+    if why:
+        raise SystemExit(f"building {rev}'s kernels: {why}")
+    return gemv.bind(ctypes.CDLL(str(out)))
+
+
+def compare(name: str, libs: dict[str, ctypes.CDLL], budget: str | None, reps: int, steps: int) -> dict:
+    import elastic_local
+    from elastic_local.model import step
+
+    m = elastic_local.load(str(build_checkpoint(name)), dtype=torch.float32)
+    b = m.budget(budget) if budget else m.net.resident
+    prompt = 128
+    cache = m.net.new_cache(1, budget=b, capacity=prompt + steps + 1)
+    times: dict[str, list[float]] = {side: [] for side in libs}
+    with torch.inference_mode():
+        m.net.forward(torch.randint(3, 999, (1, prompt), generator=torch.Generator().manual_seed(0)), cache=cache)
+        decoders = {side: step.DecodeStep(m.net, b, lib) for side, lib in libs.items()}
+        for rep in range(reps + 1):  # the first round warms up
+            for side, decode in decoders.items():
+                t = time.perf_counter()
+                for _ in range(steps):
+                    decode(5, cache)
+                if rep:
+                    times[side].append((time.perf_counter() - t) / steps * 1e3)
+                cache.lengths = [prompt]  # the same positions for both sides
+    ms = {side: median(v) for side, v in times.items()}
+    return {"config": name, "budget": b.name, "ms": ms, "speedup": ms["base"] / ms["tree"]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--base", required=True, help="git revision of the kernels to compare the working tree with")
+    p.add_argument("--configs", default="30m,100m")
+    p.add_argument("--budget", help="a budget of the checkpoints (default: the full one)")
+    p.add_argument("--reps", type=int, default=12)
+    p.add_argument("--steps", type=int, default=32, help="decode steps per rep and side")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    from elastic_local.model import gemv
+
+    if gemv.library() is None:
+        raise SystemExit("the CPU decode kernels are unavailable here (see the warning): nothing to compare")
+    with tempfile.TemporaryDirectory() as tmp:
+        libs = {"base": build(args.base, Path(tmp)), "tree": gemv.library()}
+        print(f"C decode step, {args.base} (base) against the working tree, {args.threads} threads, "
+              f"median of {args.reps} reps of {args.steps} steps, alternated")
+        for name in args.configs.split(","):
+            r = compare(name, libs, args.budget, args.reps, args.steps)
+            print(f"{r['config']:6} {r['budget']:8} base {r['ms']['base']:7.3f} ms  tree {r['ms']['tree']:7.3f} ms  "
+                  f"tree speed-up {r['speedup']:.3f}x")
+
+
+if __name__ == "__main__":
+    main()
