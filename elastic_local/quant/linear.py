@@ -2,11 +2,11 @@
 
 FP8 runs on `torch._scaled_mm` on compute capability 8.9+, NVFP4 on torch's block-scaled `_scaled_mm`
 on Blackwell (10.0+) (model/cost.py holds the gates, model/kernels.py the kernel and the device's
-capability). On x86 CPUs, decode-sized inputs (a few rows) take model/gemv.c's kernels, which decode
-the packed bytes in registers. Everything else (prefill on CPUs, older GPUs) dequantizes a tile of
-output rows at a time inside the matmul: the memory saving stays, the speed-up does not, and no
-full-precision copy of the weight is ever held. Elastic sub-models cut prefix blocks out of the packed
-tensors as views.
+capability). On x86 CPUs, inputs of up to a prefill chunk take model/gemv.c's kernels, which decode the
+packed bytes in registers (one row of x) or into panels that register tiles run over (several). Everything
+else (older GPUs, longer CPU inputs) dequantizes a tile of output rows at a time inside the matmul: the
+memory saving stays, the speed-up does not, and no full-precision copy of the weight is ever held.
+Elastic sub-models cut prefix blocks out of the packed tensors as views.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ..model import gemv, kernels
 
 TILE_ELEMENTS = 1 << 22  # weight elements dequantized at once on the fallback path (16 MiB in fp32)
 DEQUANT_KERNEL = "dequant_matmul"
-CPU_KERNEL = "cpu_gemv"  # model/gemv.c, for decode-sized inputs (up to gemv.MAX_PACKED_ROWS rows)
+CPU_KERNEL = "cpu_gemv"  # model/gemv.c, for inputs of up to gemv.MAX_PACKED_ROWS rows
 
 
 def finite_amax(w: Tensor, name: str) -> Tensor:
