@@ -139,7 +139,8 @@ class NemotronH:
             if self._seen.get(b) != key:  # a cache's first step runs eagerly: one stepped once (a sub-batch
                 self._seen[b] = key  # of the rows that decode) is never recorded
                 return self._forward(ids, b, cache, last_only=False)
-            self.graphs.pop(b, None)  # the old graph's memory goes before the new one is recorded
+            self.graphs.pop(b, None)
+            g = None  # the old graph (its memory) goes before the new one is recorded
             run = partial(self._layers, states=cache.layers, b=b, static=True, sync_free=True)
             lengths = torch.tensor(cache.lengths, device=ids.device)
             try:
