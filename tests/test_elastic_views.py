@@ -167,3 +167,23 @@ def test_cpu_layout_keeps_budgets_as_views_and_input_cuts_contiguous(tmp_path):
 
 def test_a_switched_off_layer_equals_a_checkpoint_without_it(tmp_path):
     _check(tmp_path, drop_layer=3)
+
+
+def test_a_budget_pickled_into_another_process_hashes_as_that_process_computes_it():
+    """Budgets key per-budget state and cache their hash; str hashes are salted per process, so a budget
+    sent to a worker (DDP, multiprocessing) must not carry its sender's hash."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    b = Budget("half", 64, (LayerSizes("M", mamba_heads=4), LayerSizes("E", experts=4, expert_channels=32)))
+    hash(b)  # computed and cached here
+    code = ("import pickle, sys; from elastic_local.model import Budget, LayerSizes; "
+            "b = pickle.loads(sys.stdin.buffer.read()); "
+            "fresh = Budget('half', 64, (LayerSizes('M', mamba_heads=4), "
+            "LayerSizes('E', experts=4, expert_channels=32))); "
+            "print(b == fresh and hash(b) == hash(fresh) and b in {fresh})")
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(b), capture_output=True,
+                         env={**os.environ, "PYTHONHASHSEED": "random"}, check=True)
+    assert out.stdout.decode().strip() == "True"

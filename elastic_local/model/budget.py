@@ -52,6 +52,9 @@ class Budget:
             object.__setattr__(self, "_hash", h)
         return h
 
+    def __getstate__(self) -> dict:  # str hashes are salted per process: a pickled budget carries no hash
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     def fits_in(self, other: Budget) -> bool:
         """True when every axis of this budget is a prefix of `other`'s (so it can run on its weights)."""
         return (self.hidden <= other.hidden and len(self.layers) == len(other.layers)
