@@ -201,3 +201,18 @@ def test_gradients_and_other_kernels_keep_the_torch_path(c_calls):
         rows = moe.MoEWeights(w.gate, w.bias, w.up.t.transpose(1, 2), w.down.t.transpose(1, 2), None, None)
         assert moe._experts_cpu(flat, rows, 4, 16, torch.zeros(5, 2, dtype=torch.long), torch.ones(5, 2)) is None
     assert c_calls == []
+
+
+def test_what_a_prefill_caches_on_the_experts_is_not_taken_for_a_weight(nested):
+    """The experts' descriptions are kept on the layer's weights object (moe._described) after a prefill
+    with nothing to differentiate, as an evaluation between training steps runs one; the code that lists
+    a layer's weights (training's slots, the compiled and CUDA-graph steps' float-weights check) must
+    not take them for one."""
+    from elastic_local.train.weights import slots
+
+    m = elastic_local.load(nested, dtype=torch.float32)
+    with torch.no_grad():
+        m.net.forward(torch.randint(0, 96, (1, 24), generator=torch.Generator().manual_seed(3)))
+    assert any("_described" in vars(layer.mixer) for layer in m.net.layers if layer.mixer is not None)
+    assert not [s.name for s in slots(m.net) if "_described" in s.name]
+    assert m.net._float_weights("a check")

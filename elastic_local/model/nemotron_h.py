@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import partial
 
 import torch
@@ -99,8 +99,8 @@ class NemotronH:
     def _float_weights(self, what: str) -> bool:
         """Whether every resident weight is a float tensor; else warns that `what` covers only those."""
         plain = (torch.Tensor, Transposed, int, float, type(None))
-        if any(not isinstance(w, plain) for layer in self.layers if layer.mixer is not None
-               for w in vars(layer.mixer).values()):
+        if any(not isinstance(getattr(layer.mixer, f.name), plain) for layer in self.layers
+               if layer.mixer is not None for f in fields(layer.mixer)):  # fields: not what layers cache on them
             log.warning("%s covers float weights; these quantized ones decode eagerly", what)
             return False
         return True

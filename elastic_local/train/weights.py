@@ -8,7 +8,7 @@ undoes what the loader did: rank-major heads back to group-major, A back to A_lo
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import nn
@@ -44,9 +44,9 @@ def slots(net: NemotronH) -> Iterator[Slot]:
         if layer.mixer is None:
             continue
         yield Slot(f"layers.{i}.norm.weight", layer, "norm")
-        for f in vars(layer.mixer):
-            if getattr(layer.mixer, f) is not None:
-                yield Slot(f"layers.{i}.mixer.{f}", layer.mixer, f)
+        for f in fields(layer.mixer):  # the weights, not what a layer caches on them (moe._described)
+            if getattr(layer.mixer, f.name) is not None:
+                yield Slot(f"layers.{i}.mixer.{f.name}", layer.mixer, f.name)
     yield Slot("norm_f.weight", net, "norm_f")
     if not net.cfg.tie_word_embeddings:
         yield Slot("lm_head.weight", net, "lm_head")
