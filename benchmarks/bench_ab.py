@@ -1,13 +1,15 @@
 """Two builds of the CPU kernels against each other in one process: the whole C decode step of each,
 alternated rep by rep on the same weights and cache.
 
-    .venv/bin/python benchmarks/bench_ab.py --base HEAD~1 [--configs 30m,100m] [--budget NAME] [--reps 12]
+    .venv/bin/python benchmarks/bench_ab.py --base HEAD~1 [--configs 30m,100m,gen] [--budgets full,small]
+                                            [--reps 12]
 
 Why: on a shared machine, runs minutes apart differ by more than a kernel change gains (bench_decode's
 decode spreads reached 40-80% here). Alternating two builds of model/gemv.c + step.c every 32 steps inside
 one process cancels most of that. `--base` is a git revision of the two sources; the other side is the
 working tree. For each config (bench_decode's presets, its checkpoints) it prints each side's median ms
-per decode step and the working tree's speed-up (above 1: faster).
+per decode step and the working tree's speed-up (above 1: faster). `gen` is bench_generate.py's nested
+model (budgets full / mid / small), for changes to what every layer costs whatever its budget.
 """
 
 from __future__ import annotations
@@ -48,11 +50,17 @@ def build(rev: str, where: Path) -> ctypes.CDLL:
     return gemv.bind(ctypes.CDLL(str(out)))
 
 
-def compare(name: str, libs: dict[str, ctypes.CDLL], budget: str | None, reps: int, steps: int) -> dict:
-    import elastic_local
+def checkpoint(name: str) -> Path:
+    if name == "gen":
+        import bench_generate
+
+        return bench_generate.build()
+    return build_checkpoint(name)
+
+
+def compare(m, name: str, libs: dict[str, ctypes.CDLL], budget: str | None, reps: int, steps: int) -> dict:
     from elastic_local.model import step
 
-    m = elastic_local.load(str(build_checkpoint(name)), dtype=torch.float32)
     b = m.budget(budget) if budget else m.net.resident
     prompt = 128
     cache = m.net.new_cache(1, budget=b, capacity=prompt + steps + 1)
@@ -76,12 +84,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base", required=True, help="git revision of the kernels to compare the working tree with")
     p.add_argument("--configs", default="30m,100m")
-    p.add_argument("--budget", help="a budget of the checkpoints (default: the full one)")
+    p.add_argument("--budgets", help="budgets of the checkpoints, comma-separated (default: the full one)")
     p.add_argument("--reps", type=int, default=12)
     p.add_argument("--steps", type=int, default=32, help="decode steps per rep and side")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    import elastic_local
     from elastic_local.model import gemv
 
     if gemv.library() is None:
@@ -91,9 +100,12 @@ def main() -> None:
         print(f"C decode step, {args.base} (base) against the working tree, {args.threads} threads, "
               f"median of {args.reps} reps of {args.steps} steps, alternated")
         for name in args.configs.split(","):
-            r = compare(name, libs, args.budget, args.reps, args.steps)
-            print(f"{r['config']:6} {r['budget']:8} base {r['ms']['base']:7.3f} ms  tree {r['ms']['tree']:7.3f} ms  "
-                  f"tree speed-up {r['speedup']:.3f}x")
+            m = elastic_local.load(str(checkpoint(name)), dtype=torch.float32)
+            for budget in args.budgets.split(",") if args.budgets else [None]:
+                r = compare(m, name, libs, budget, args.reps, args.steps)
+                ms = r["ms"]
+                print(f"{name:6} {r['budget']:8} base {ms['base']:7.3f} ms  tree {ms['tree']:7.3f} ms  "
+                      f"tree speed-up {r['speedup']:.3f}x")
 
 
 if __name__ == "__main__":

@@ -62,10 +62,16 @@ def nested(tmp_path_factory):
 @pytest.mark.parametrize("precision", [None, "fp8", "nvfp4"])
 def test_every_budget_decodes_like_the_torch_path_across_cache_growth(nested, precision, threads, monkeypatch):
     """70 steps: the KV cache regrows past its first capacity (64) inside the C step."""
+    from dataclasses import replace
+
+    from elastic_local.model.budget import Budget
+
     m = elastic_local.load(nested, precision=precision)
     prompt = torch.randint(0, 96, (9,), generator=torch.Generator().manual_seed(5))
-    for name in m.budgets:
-        b = m.budget(name)
+    half = m.budget("half")  # and half with half the Mamba heads: in_proj's four parts apart
+    heads = Budget("heads", half.hidden, tuple(replace(s, mamba_heads=s.mamba_heads // 2) for s in half.layers))
+    for b in [m.budget(name) for name in m.budgets] + [heads]:
+        name = b.name
         with monkeypatch.context() as p:
             p.setattr(step, "build", lambda net, b: None)
             want_logits, want = greedy(m.net, b, prompt, 70)
@@ -77,6 +83,8 @@ def test_every_budget_decodes_like_the_torch_path_across_cache_growth(nested, pr
             got_logits, got = greedy(m.net, b, prompt, 70)
         assert isinstance(m.net.c_steps[b], step.DecodeStep), name
         assert calls == [9], "a decode step ran the torch path"  # only the prefill
+        # a Mamba block whose budget keeps every head runs in_proj as one product, a pruned one as four
+        assert {args.in_proj.out > 0 for _, kind, args in m.net.c_steps[b].blocks if kind == "M"} == {b != heads}
         assert torch.equal(got, want), (precision, name)
         torch.testing.assert_close(got_logits, want_logits, atol=1e-4, rtol=1e-4)
 

@@ -116,6 +116,38 @@ static float *scratch(int64_t n, int64_t *width, int threads) {
 
 static inline float silu(float v) { return v / (1.f + expf(-v)); }
 
+/* e^v for 8 floats: Cephes' expf (2^n times a degree-6 polynomial on [-ln2/2, ln2/2]), within 2 ulp of
+   libm's over the range where silu's result is not 0 or v. */
+static inline __m256 exp256(__m256 v) {
+    v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), v);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 q = _mm256_set1_ps(1.9875691500e-4f);
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.3981999507e-3f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(8.3334519073e-3f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(4.1665795894e-2f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.6666665459e-1f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(5.0000001201e-1f));
+    q = _mm256_fmadd_ps(_mm256_mul_ps(q, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(q, _mm256_castsi256_ps(e));
+}
+
+static inline __m256 silu256(__m256 v) { /* v / (1 + e^-v) */
+    return _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.f), exp256(_mm256_sub_ps(_mm256_setzero_ps(), v))));
+}
+
+/* y[i] *= silu(z[i]), or (z NULL) y[i] = silu(y[i]), for i < n */
+static void silu_into(float *y, const float *z, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 a = silu256(_mm256_loadu_ps(z ? z + i : y + i));
+        _mm256_storeu_ps(y + i, z ? _mm256_mul_ps(_mm256_loadu_ps(y + i), a) : a);
+    }
+    for (; i < n; i++) y[i] = z ? y[i] * silu(z[i]) : silu(y[i]);
+}
+
 static inline float softplus(float v) { return v > 20.f ? v : log1pf(expf(v)); } /* torch's threshold */
 
 static void rms_norm(const float *h, const float *w, float *out, int64_t d, float eps) {
@@ -147,6 +179,7 @@ typedef struct {
     const float *gate_norm;                /* [k*p] */
     int64_t d, heads, groups, head_dim, state, conv_k;
     float dt_min, dt_max, eps;
+    weight in_proj; /* z | x | B,C | dt as one product when the budget keeps every head (out 0: it does not) */
 } mamba;
 
 /* One row of a head's SSM state, s [N] = a s + dx B, and its readout C.s. */
@@ -186,7 +219,7 @@ static void ssm_head(const mamba *L, int64_t j, const float *xs, const float *B,
 int mamba_step(const mamba *L, float *h, float *conv, float *ssm, int threads) {
     const int64_t d = L->d, k = L->heads, G = L->groups, p = L->head_dim, N = L->state, K = L->conv_k;
     const int64_t r = k / G, kp = k * p, gn = G * N, C = kp + 2 * gn;
-    int64_t width = max3(kp, 2 * gn, d);
+    int64_t width = max3(L->in_proj.out, max3(kp, 2 * gn, d), 0);
     const int64_t own = 2 * d + 2 * kp + C + k;
     float *buf = scratch(own, &width, threads);
     if (!buf) return -1;
@@ -196,27 +229,33 @@ int mamba_step(const mamba *L, float *h, float *conv, float *ssm, int threads) {
         int64_t n0, n1;
         partials ps = {rows, width, 0};
         SINGLE rms_norm(h, L->norm, x, d, L->eps);
-        matvec(&L->z, x, z, &n0, &n1, &ps);
-        matvec(&L->x, x, xbc, &n0, &n1, &ps);
-        matvec(&L->bc, x, xbc + kp, &n0, &n1, &ps);
-        matvec(&L->dt, x, dt, &n0, &n1, &ps);
-        BARRIER;
-        #pragma omp for schedule(static)
-        for (int64_t c = 0; c < C; c++) { /* causal depthwise convolution: shift the window, one dot, silu */
-            float *s = conv + c * K;
-            memmove(s, s + 1, (K - 1) * sizeof(float));
-            s[K - 1] = xbc[c];
-            const float *w = c < kp ? L->conv_x + c * K : L->conv_bc + (c - kp) * K;
-            const float *bias = c < kp ? L->conv_bias_x : L->conv_bias_bc;
-            float a = 0.f;
-            for (int64_t j = 0; j < K; j++) a += s[j] * w[j];
-            if (bias) a += bias[c < kp ? c : c - kp];
-            xbc[c] = silu(a);
+        if (L->in_proj.out) { /* z, xbc, dt lie one after another in buf, as in in_proj */
+            matvec(&L->in_proj, x, z, &n0, &n1, &ps);
+        } else {
+            matvec(&L->z, x, z, &n0, &n1, &ps);
+            matvec(&L->x, x, xbc, &n0, &n1, &ps);
+            matvec(&L->bc, x, xbc + kp, &n0, &n1, &ps);
+            matvec(&L->dt, x, dt, &n0, &n1, &ps);
         }
+        BARRIER;
+        { /* causal depthwise convolution: shift each channel's window, one dot; then silu, 8 channels at once */
+            int64_t c0, c1;
+            share(C, &c0, &c1);
+            for (int64_t c = c0; c < c1; c++) {
+                float *s = conv + c * K, a = 0.f;
+                const float *w = c < kp ? L->conv_x + c * K : L->conv_bc + (c - kp) * K;
+                for (int64_t j = 0; j < K - 1; j++) a += (s[j] = s[j + 1]) * w[j];
+                a += (s[K - 1] = xbc[c]) * w[K - 1];
+                const float *bias = c < kp ? L->conv_bias_x : L->conv_bias_bc;
+                xbc[c] = bias ? a + bias[c < kp ? c : c - kp] : a;
+            }
+            silu_into(xbc + c0, NULL, c1 - c0);
+        }
+        BARRIER;
         #pragma omp for schedule(static)
         for (int64_t j = 0; j < k; j++) {
             ssm_head(L, j, xbc, xbc + kp, xbc + kp + gn, dt[j], ssm, y);
-            for (int64_t c = j * p; c < (j + 1) * p; c++) y[c] *= silu(z[c]);
+            silu_into(y + j * p, z + j * p, p);
         }
         #pragma omp for schedule(static)
         for (int64_t g = 0; g < G; g++) { /* gated RMSNorm over each group's r heads */
@@ -419,24 +458,6 @@ int head_step(const float *h, const float *norm, const weight *lm_head, int64_t 
  * the layer's projections. Here each is one pass, in the order the decode step takes (the recurrence
  * is the definition the chunked scan computes by blocks). */
 
-/* e^v for 8 floats: Cephes' expf (2^n times a degree-6 polynomial on [-ln2/2, ln2/2]), within 2 ulp of
-   libm's over the range where silu's result is not 0 or v. */
-static inline __m256 exp256(__m256 v) {
-    v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), v);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 q = _mm256_set1_ps(1.9875691500e-4f);
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.3981999507e-3f));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(8.3334519073e-3f));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(4.1665795894e-2f));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.6666665459e-1f));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(5.0000001201e-1f));
-    q = _mm256_fmadd_ps(_mm256_mul_ps(q, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(q, _mm256_castsi256_ps(e));
-}
-
 /* silu(causal depthwise conv) of x [b, T, C] (x[i, t, c] at x + i * ldb + t * ldt + c) with weight
    [C, K] and bias [C] (or NULL) into out [b, T, C] (contiguous). state [b, C, K] (or NULL: zeros before
    x) holds the last K inputs before x and is left holding the last K inputs after it. Returns -1 where
@@ -473,8 +494,7 @@ int conv_prefill(const float *x, int64_t ldb, int64_t ldt, const float *w, const
                         const __m256 in = lanes == 8 ? _mm256_loadu_ps(row) : _mm256_maskload_ps(row, mask);
                         a = _mm256_fmadd_ps(_mm256_loadu_ps(taps + j * C8 + c), in, a);
                     }
-                    /* silu(a) = a / (1 + e^-a) */
-                    a = _mm256_div_ps(a, _mm256_add_ps(_mm256_set1_ps(1.f), exp256(_mm256_sub_ps(_mm256_setzero_ps(), a))));
+                    a = silu256(a);
                     if (lanes == 8) _mm256_storeu_ps(out + (i * T + t) * C + c, a);
                     else _mm256_maskstore_ps(out + (i * T + t) * C + c, mask, a);
                 }

@@ -14,6 +14,7 @@ a foreign weight type ends here), or a CPU without the decode kernels.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 from typing import TYPE_CHECKING
@@ -84,7 +85,7 @@ class Mamba(ctypes.Structure):
                 ("conv_x", _P), ("conv_bc", _P), ("conv_bias_x", _P), ("conv_bias_bc", _P),
                 ("dt_bias", _P), ("A", _P), ("D", _P), ("gate_norm", _P),
                 ("d", _I), ("heads", _I), ("groups", _I), ("head_dim", _I), ("state", _I), ("conv_k", _I),
-                ("dt_min", _F), ("dt_max", _F), ("eps", _F)]
+                ("dt_min", _F), ("dt_max", _F), ("eps", _F), ("in_proj", Weight)]
 
 
 class Attention(ctypes.Structure):
@@ -110,6 +111,10 @@ def _mamba(net: NemotronH, i: int, k: int, d: int) -> Mamba:
     o = 2 * n * p  # in_proj rows: z [n*p] | x [n*p] | B, C [2*G*N] | dt [n] (mamba2.py)
     lo, hi = cfg.time_step_limit
     conv_b = w.conv_bias
+    whole = Weight()  # out 0: z, x, B C, dt are four products
+    if k == n:  # every head kept: z | x | B, C | dt are one block of in_proj, one product
+        with contextlib.suppress(Unsupported):
+            whole = weight(block(ip, 0, o + 2 * gn + n, d))
     return Mamba(
         _floats(net.layers[i].norm[:d]),
         weight(block(ip, 0, k * p, d)), weight(block(ip, n * p, n * p + k * p, d)),
@@ -118,7 +123,7 @@ def _mamba(net: NemotronH, i: int, k: int, d: int) -> Mamba:
         _floats(w.conv_weight[:k * p]), _floats(w.conv_weight[n * p:]),
         _floats(None if conv_b is None else conv_b[:k * p]), _floats(None if conv_b is None else conv_b[n * p:]),
         _floats(w.dt_bias[:k]), _floats(w.A[:k]), _floats(w.D[:k]), _floats(w.norm[:k * p]),
-        d, k, G, p, N, w.conv_weight.shape[1], lo, hi, cfg.layer_norm_epsilon)
+        d, k, G, p, N, w.conv_weight.shape[1], lo, hi, cfg.layer_norm_epsilon, whole)
 
 
 def _attention(net: NemotronH, i: int, heads: int, d: int) -> Attention:
