@@ -110,7 +110,7 @@ class CacheSet:
             dt = time.perf_counter() - t
             for k, j in enumerate(decoding):
                 logits[j], seconds[j] = out[k], dt
-        return torch.stack(logits), seconds, caught
+        return (logits[0][None] if len(logits) == 1 else torch.stack(logits)), seconds, caught
 
     def _cache(self, budget: str, first: list[int], capacity: int) -> HybridCache:
         if budget not in self.caches:
@@ -129,6 +129,8 @@ class CacheSet:
     def _decode(self, budget: str, positions: list[int], last: list[int]) -> torch.Tensor:
         """One token for each row at `positions` (`last`: each row's last token), batched."""
         cache = self.caches[budget]
+        if cache.batch_size == 1:
+            return self.model.net.decode_token(last[0], cache)
         ids = torch.tensor([[t] for t in last], device=self.model.device)
         if positions == list(range(cache.batch_size)):
             return self._forward(ids, cache)

@@ -281,13 +281,8 @@ class NemotronH:
             raise ValueError(f"this cache belongs to budget {cache.budget.name!r}, not {budget.name!r}")
         T = ids.shape[1]
         if cache is not None and T == 1 and soft is None and soft_hidden is None and self.observer is None:
-            # the C step computes no gradients: without grad mode it serves (inference_mode, no_grad)
-            if ids.shape[0] == 1 and not torch.is_grad_enabled():
-                if b not in self.c_steps:
-                    self.c_steps[b] = step.build(self, b)
-                c_step = self.c_steps[b]
-                if c_step is not None and step.serves(cache):
-                    return c_step(int(ids[0, 0]), cache)
+            if ids.shape[0] == 1 and (c_step := self._c_step(cache)) is not None:
+                return c_step(int(ids[0, 0]), cache)
             if self.graphs is not None and torch.is_inference_mode_enabled():
                 return self._graphed_step(ids, b, cache)
             if self.compiled is not None and torch.is_inference_mode_enabled():
@@ -297,6 +292,24 @@ class NemotronH:
         outs = [self._forward(ids[:, i:i + self.prefill_chunk], b, cache, last_only, soft, soft_hidden)
                 for i in range(0, T, self.prefill_chunk)]
         return outs[-1] if last_only else torch.cat(outs, dim=1)
+
+    def decode_token(self, token: int, cache: HybridCache) -> torch.Tensor:
+        """Logits [1, V] of one sequence's next `token`, advancing `cache`: batch-1 decode without building a
+        tensor of one id (the engine's loop; on a small model the ops around a step cost a fifth of it)."""
+        if self.observer is None and (c_step := self._c_step(cache)) is not None:
+            return c_step(token, cache)[:, -1]
+        return self.forward(torch.tensor([[token]], device=self.device), cache=cache)[:, -1]
+
+    def _c_step(self, cache: HybridCache) -> step.DecodeStep | None:
+        """The C step of the cache's budget where it can advance this cache: it computes no gradients, so
+        only without grad mode (inference_mode, no_grad); built once per budget."""
+        if torch.is_grad_enabled():
+            return None
+        b = cache.budget
+        if b not in self.c_steps:
+            self.c_steps[b] = step.build(self, b)
+        c_step = self.c_steps[b]
+        return c_step if c_step is not None and step.serves(cache) else None
 
     def _forward(self, ids: torch.Tensor, b: Budget, cache: HybridCache | None, last_only: bool,
                  soft: list[SoftLayer | None] | None = None, soft_hidden: SoftSize | None = None) -> torch.Tensor:
