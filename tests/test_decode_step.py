@@ -9,6 +9,7 @@ from tiny import ALIGNED, hf_logits, make_checkpoint
 
 import elastic_local
 from elastic_local.model import NemotronH, gemv, step
+from elastic_local.model.mamba2 import MambaState
 
 # On x86 with AVX2 (CI, every development box here) the library must build: a compiler problem fails these
 # tests instead of skipping them (test_cpu_gemv.py)
@@ -150,6 +151,12 @@ def test_what_step_c_does_not_cover_runs_the_torch_path(nested):
         m.forward(torch.tensor([[1, 2], [3, 4]]), two)
         out = m.forward(torch.tensor([[5], [6]]), two)  # two sequences: the torch path
     assert out.shape == (2, 1, 96) and m.budget() not in m.net.c_steps
+    one = m.new_cache()  # a hand-built state that is not contiguous: the torch path
+    mamba = next(s for s in one.layers if isinstance(s, MambaState))
+    mamba.conv = mamba.conv.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not step.serves(one) and not one.dense
+    mamba.conv = mamba.conv.contiguous()
+    assert step.serves(one) and one.dense  # checked once: the cache's own operations keep it contiguous
 
 
 def test_a_token_outside_the_vocabulary_is_refused_before_any_state_changes(nested):

@@ -46,6 +46,7 @@ class HybridCache:
     budget: Budget
     layers: list[KVCache | MambaState | None]
     lengths: list[int] = field(default_factory=list)
+    dense: bool = field(default=False, repr=False, compare=False)  # states found contiguous (step.serves)
 
     @property
     def batch_size(self) -> int:

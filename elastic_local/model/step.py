@@ -239,8 +239,11 @@ def build(net: NemotronH, b: Budget) -> DecodeStep | None:
 
 def serves(cache: HybridCache) -> bool:
     """Whether step.c can advance this cache: one sequence, its states contiguous (as `new_cache` and the
-    engine's cache operations make them; a hand-built cache may not be), in the network's float32."""
+    engine's cache operations make them; a hand-built cache may not be), in the network's float32. Checked
+    once per cache (`dense`): what replaces a state later (a KV cache growing) keeps it so."""
     if cache.batch_size != 1:
         return False
-    states = [t for s in cache.layers if s is not None for t in vars(s).values()]
-    return all(t.is_contiguous() and t.dtype == torch.float32 for t in states)
+    if not cache.dense:
+        states = [t for s in cache.layers if s is not None for t in vars(s).values()]
+        cache.dense = all(t.is_contiguous() and t.dtype == torch.float32 for t in states)
+    return cache.dense
