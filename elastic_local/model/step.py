@@ -14,7 +14,6 @@ a foreign weight type ends here), or a CPU without the decode kernels.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
 from typing import TYPE_CHECKING
@@ -104,6 +103,16 @@ class MLP(ctypes.Structure):
     _fields_ = [("norm", _P), ("up", Weight), ("down", Weight), ("d", _I), ("eps", _F)]
 
 
+def _in_proj(w, rows: int, d: int) -> Weight:
+    """in_proj's z | x | B, C | dt as one product, for a budget that keeps every head: one pass over whole
+    rows and one barrier, not four (3-6% of a decode step, bench_ab.py). Weight() (out 0) where its format
+    does not read as one: the parts run one by one. (Attention's q | k | v the same way: no gain measured.)"""
+    try:
+        return weight(block(w, 0, rows, d))
+    except Unsupported:
+        return Weight()
+
+
 def _mamba(net: NemotronH, i: int, k: int, d: int) -> Mamba:
     cfg, w = net.cfg, net.layers[i].mixer
     G, p, N = cfg.n_groups, cfg.mamba_head_dim, cfg.ssm_state_size
@@ -111,10 +120,6 @@ def _mamba(net: NemotronH, i: int, k: int, d: int) -> Mamba:
     o = 2 * n * p  # in_proj rows: z [n*p] | x [n*p] | B, C [2*G*N] | dt [n] (mamba2.py)
     lo, hi = cfg.time_step_limit
     conv_b = w.conv_bias
-    whole = Weight()  # out 0: z, x, B C, dt are four products
-    if k == n:  # every head kept: z | x | B, C | dt are one block of in_proj, one product
-        with contextlib.suppress(Unsupported):
-            whole = weight(block(ip, 0, o + 2 * gn + n, d))
     return Mamba(
         _floats(net.layers[i].norm[:d]),
         weight(block(ip, 0, k * p, d)), weight(block(ip, n * p, n * p + k * p, d)),
@@ -123,7 +128,8 @@ def _mamba(net: NemotronH, i: int, k: int, d: int) -> Mamba:
         _floats(w.conv_weight[:k * p]), _floats(w.conv_weight[n * p:]),
         _floats(None if conv_b is None else conv_b[:k * p]), _floats(None if conv_b is None else conv_b[n * p:]),
         _floats(w.dt_bias[:k]), _floats(w.A[:k]), _floats(w.D[:k]), _floats(w.norm[:k * p]),
-        d, k, G, p, N, w.conv_weight.shape[1], lo, hi, cfg.layer_norm_epsilon, whole)
+        d, k, G, p, N, w.conv_weight.shape[1], lo, hi, cfg.layer_norm_epsilon,
+        _in_proj(ip, o + 2 * gn + n, d) if k == n else Weight())
 
 
 def _attention(net: NemotronH, i: int, heads: int, d: int) -> Attention:
