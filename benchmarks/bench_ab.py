@@ -8,8 +8,10 @@ Why: on a shared machine, runs minutes apart differ by more than a kernel change
 decode spreads reached 40-80% here). Alternating two builds of model/gemv.c + step.c every 32 steps inside
 one process cancels most of that. `--base` is a git revision of the two sources; the other side is the
 working tree. For each config (bench_decode's presets, its checkpoints) it prints each side's median ms
-per decode step and the working tree's speed-up (above 1: faster). `gen` is bench_generate.py's nested
-model (budgets full / mid / small), for changes to what every layer costs whatever its budget.
+per decode step and the working tree's speed-up (above 1: faster). Both sides run the working tree's
+step.py, so `--base` must have the entry points it calls (decode_step: from the commit that added it on).
+`gen` is bench_generate.py's nested model (budgets full / mid / small), for changes to what every layer
+costs whatever its budget.
 """
 
 from __future__ import annotations
@@ -47,7 +49,10 @@ def build(rev: str, where: Path) -> ctypes.CDLL:
     why = gemv._compile(out, sources)
     if why:
         raise SystemExit(f"building {rev}'s kernels: {why}")
-    return gemv.bind(ctypes.CDLL(str(out)))
+    try:
+        return gemv.bind(ctypes.CDLL(str(out)))
+    except AttributeError as e:  # an entry point step.py calls is missing
+        raise SystemExit(f"{rev}'s kernels lack an entry point step.py calls ({e}); pick a later --base") from None
 
 
 def checkpoint(name: str) -> Path:

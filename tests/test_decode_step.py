@@ -141,6 +141,22 @@ def test_decode_token_is_a_one_token_forward_in_c_and_on_torch(nested, monkeypat
     assert cache.lengths == [4]
 
 
+def test_a_block_without_scratch_memory_names_its_layer_and_leaves_the_cache_length(nested):
+    """step.c's only failure (a scratch buffer malloc refused), reported for the block it happened in."""
+    from types import SimpleNamespace
+
+    net = elastic_local.load(nested).net
+    cache = net.new_cache()
+    with torch.no_grad():
+        net.forward(torch.tensor([[1, 2, 3]]), cache=cache)
+        c_step = net._c_step(cache)
+        for rc, where in ((2, f"layer {c_step.blocks[1][0]}"), (len(c_step.blocks) + 1, "the LM head")):
+            c_step.lib = SimpleNamespace(decode_step=lambda *args, rc=rc: rc)
+            with pytest.raises(MemoryError, match=f"out of memory for {where}'s decode scratch buffer"):
+                net.decode_token(4, cache)
+            assert cache.lengths == [3]
+
+
 def test_what_step_c_does_not_cover_runs_the_torch_path(nested):
     m = elastic_local.load(nested, dtype=torch.bfloat16)
     assert step.build(m.net, m.budget()) is None  # bf16 activations and states

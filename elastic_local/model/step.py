@@ -171,6 +171,10 @@ def _mlp(net: NemotronH, i: int, channels: int, d: int) -> MLP:
                weight(block(w.down, 0, d, channels)), d, net.cfg.layer_norm_epsilon)
 
 
+class Block(ctypes.Structure):
+    _fields_ = [("kind", _I), ("args", _P)]
+
+
 class DecodeStep:
     """Budget `b`'s decode step of `net` for one sequence: `step(token, cache)` -> logits [1, 1, V]."""
 
@@ -196,37 +200,33 @@ class DecodeStep:
         self.norm_f = _floats(net.norm_f[:d])
         self.embed, self.row_bytes, self.d, self.eps = embed, embed.stride(0) * 4, d, net.cfg.layer_norm_epsilon
         self.h = torch.empty(d)
+        n = len(self.blocks)
+        self.table = (Block * n)(*(Block(ord(kind), ctypes.addressof(args)) for _, kind, args in self.blocks))
+        self.state, self.capacity = (_P * (2 * n))(), (_I * max(n, 1))()  # the cache's, filled per call
         self.lib, self.keep = lib, keep
 
     def __call__(self, token: int, cache: HybridCache) -> Tensor:
-        lib, h, threads = self.lib, self.h.data_ptr(), torch.get_num_threads()
         if not 0 <= token < self.embed.shape[0]:
             raise IndexError(f"token id {token} is outside the vocabulary (0..{self.embed.shape[0] - 1})")
-        pos = cache.lengths[0]
-        ctypes.memmove(h, self.embed.data_ptr() + token * self.row_bytes, self.d * 4)
-        for i, kind, args in self.blocks:
-            state = cache.layers[i]
+        pos, state = cache.lengths[0], self.state
+        for j, (i, kind, _) in enumerate(self.blocks):
+            s = cache.layers[i]
             if kind == "M":
-                rc = lib.mamba_step(ctypes.byref(args), h, state.conv.data_ptr(), state.ssm.data_ptr(), threads)
+                state[2 * j], state[2 * j + 1] = s.conv.data_ptr(), s.ssm.data_ptr()
             elif kind == "*":
-                state.grow(pos + 1)
-                rc = lib.attention_step(ctypes.byref(args), h, state.k.data_ptr(), state.v.data_ptr(),
-                                        state.k.shape[2], pos, threads)
-            elif kind == "E":
-                rc = lib.moe_step(ctypes.byref(args), h, threads)
-            else:
-                rc = lib.mlp_step(ctypes.byref(args), h, threads)
-            _check(rc, i)
+                s.grow(pos + 1)
+                state[2 * j], state[2 * j + 1], self.capacity[j] = s.k.data_ptr(), s.v.data_ptr(), s.k.shape[2]
+        h = self.h.data_ptr()
+        ctypes.memmove(h, self.embed.data_ptr() + token * self.row_bytes, self.d * 4)
         logits = torch.empty(1, 1, self.lm_head.out)
-        _check(lib.head_step(h, self.norm_f, ctypes.byref(self.lm_head), self.d, self.eps, logits.data_ptr(),
-                             threads), len(cache.layers))
+        rc = self.lib.decode_step(self.table, len(self.blocks), state, self.capacity, pos, h, self.norm_f,
+                                  ctypes.byref(self.lm_head), self.d, self.eps, logits.data_ptr(),
+                                  torch.get_num_threads())
+        if rc:  # step.c's only failure
+            where = f"layer {self.blocks[rc - 1][0]}" if rc <= len(self.blocks) else "the LM head"
+            raise MemoryError(f"out of memory for {where}'s decode scratch buffer")
         cache.lengths = [pos + 1]
         return logits
-
-
-def _check(rc: int, layer: int) -> None:
-    if rc:  # step.c's only failure
-        raise MemoryError(f"out of memory for layer {layer}'s decode scratch buffer")
 
 
 def build(net: NemotronH, b: Budget) -> DecodeStep | None:
