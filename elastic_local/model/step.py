@@ -1,10 +1,11 @@
-"""The batch-1 decode step on the CPU in C: one call per block (step.c), its arguments built once per budget.
+"""The batch-1 decode step on the CPU in C: one call per token (step.c), its arguments built once per budget.
 
 Why: batch-1 decode of a small model is a few thousand small torch ops per token whose dispatch, not the
 weights, sets the speed (README, CPU decode kernels). step.c runs each block (norm, projections, the
-mixer's state update, the residual add) in one call on gemv.c's products, so a token costs one Python
-call per block. The budget's weights are the same prefix views the torch path cuts (`linear.block`),
-described once as pointers and strides: no copies, every format the decode kernels read.
+mixer's state update, the residual add) in one function on gemv.c's products, and a token through every
+block and the head in one call (a call per block cost about 6 us each). The budget's weights are the
+same prefix views the torch path cuts (`linear.block`), described once as pointers and strides: no
+copies, every format the decode kernels read.
 
 It serves float32 activations (the CPU default) for one sequence of one token. `build` returns None
 (and the torch path runs) for what step.c does not cover: another device or dtype, group-limited
