@@ -28,9 +28,10 @@ float32, and runs the same prompt (random token ids, fixed seed) greedily for ex
 Timing (wall clock): prefill = prompt forward + first token (prompt_len / seconds); decode = the other
 new_tokens - 1 tokens (tokens / seconds). Each engine runs once to warm up, then at least --reps times
 (more on short configs, until the slowest engine has run --min-seconds), the engines interleaved within
-each rep because the machine is noisy. The table shows medians, `spread` = (max - min) / median of the
-decode samples, and the 1-minute load average (other processes on a 2-core box stall OpenMP barriers,
-llama.cpp's most of all). `match` is the fraction of generated tokens equal to transformers' (the
+each rep because the machine is noisy, the first engine rotating from rep to rep (at 100m a 1 GiB copy
+probe opens each rep: no engine always follows it). The table shows medians, `spread` = (max - min) /
+median of the decode samples, and the 1-minute load average (other processes on a 2-core box stall
+OpenMP barriers, llama.cpp's most of all). `match` is the fraction of generated tokens equal to transformers' (the
 independent reference). All engines use --threads threads (default: the cores available). For the 100m
 config the script also prints the weight bytes a decode step reads (from the config) per second against
 the memory-copy bandwidth sampled in every rep.
@@ -410,10 +411,12 @@ def bench_config(name: str, args: argparse.Namespace) -> tuple[list[Result], Par
     reps = max(args.reps, min(50, math.ceil(args.min_seconds / max(slowest, 1e-3))))
     probe = CopyProbe() if name == "100m" else None
     copy_gb_s: list[float] = []
-    for _ in range(reps):
+    for rep in range(reps):
         if probe is not None:
             copy_gb_s.append(probe())
-        for e, engine in list(engines.items()):  # interleaved: one run of each engine per rep
+        order = list(engines.items())  # interleaved, one run of each engine per rep, the first one rotating:
+        order = order[rep % len(order):] + order[:rep % len(order)]  # none always follows the copy probe
+        for e, engine in order:
             try:
                 t_pre, t_dec, toks = engine.run(prompt, args.new_tokens)
             except Exception as err:  # noqa: BLE001
