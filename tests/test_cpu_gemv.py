@@ -158,6 +158,20 @@ def test_a_compiler_error_names_the_compiler(monkeypatch, tmp_path):
     assert not list((tmp_path / "cache" / "kernels").iterdir())  # no half-written library left
 
 
+def test_a_link_error_names_the_linker_and_leaves_nothing(monkeypatch, tmp_path):
+    """The sources compile in parallel, then link: a failure at the link is reported like a compile one."""
+    fake_cc = tmp_path / "cc"
+    fake_cc.write_text('#!/bin/sh\ncase " $* " in *" -c "*) shift $(($# - 1)); : > "$1"; exit 0;; esac\n'
+                       "echo 'ld: cannot find -lm' >&2\nexit 1\n")
+    fake_cc.chmod(0o755)
+    monkeypatch.setenv("ELASTIC_LOCAL_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", str(fake_cc))
+    monkeypatch.setattr(gemv, "_library", False)
+    with pytest.warns(UserWarning, match=r"cc failed: ld: cannot find -lm"):
+        assert gemv.library() is None
+    assert not list((tmp_path / "cache" / "kernels").iterdir())  # no objects, no half-written library
+
+
 def test_a_corrupt_cached_library_is_rebuilt(monkeypatch, tmp_path):
     monkeypatch.setenv("ELASTIC_LOCAL_HOME", str(tmp_path))
     monkeypatch.setattr(gemv, "_library", False)
