@@ -146,28 +146,20 @@ def test_a_missing_compiler_warns_and_torch_runs(monkeypatch, tmp_path):
     torch.testing.assert_close(q.linear(x), F.linear(x, q.dequantize(torch.float32)), rtol=1e-5, atol=1e-5)
 
 
-def test_a_compiler_error_names_the_compiler(monkeypatch, tmp_path):
+@pytest.mark.parametrize("script, message", [
+    ("echo 'cc: error: unrecognized option' >&2\nexit 1\n", "cc: error: unrecognized option"),
+    # the sources compile (in parallel), the link fails
+    ('case " $* " in *" -c "*) shift $(($# - 1)); : > "$1"; exit 0;; esac\n'
+     "echo 'ld: cannot find -lm' >&2\nexit 1\n", "ld: cannot find -lm"),
+], ids=["compile", "link"])
+def test_a_compiler_error_names_the_compiler_and_leaves_nothing(monkeypatch, tmp_path, script, message):
     fake_cc = tmp_path / "cc"
-    fake_cc.write_text("#!/bin/sh\necho 'cc: error: unrecognized option' >&2\nexit 1\n")
+    fake_cc.write_text("#!/bin/sh\n" + script)
     fake_cc.chmod(0o755)
     monkeypatch.setenv("ELASTIC_LOCAL_HOME", str(tmp_path))
     monkeypatch.setenv("CC", str(fake_cc))
     monkeypatch.setattr(gemv, "_library", False)
-    with pytest.warns(UserWarning, match=r"cc failed: cc: error: unrecognized option"):
-        assert gemv.library() is None
-    assert not list((tmp_path / "cache" / "kernels").iterdir())  # no half-written library left
-
-
-def test_a_link_error_names_the_linker_and_leaves_nothing(monkeypatch, tmp_path):
-    """The sources compile in parallel, then link: a failure at the link is reported like a compile one."""
-    fake_cc = tmp_path / "cc"
-    fake_cc.write_text('#!/bin/sh\ncase " $* " in *" -c "*) shift $(($# - 1)); : > "$1"; exit 0;; esac\n'
-                       "echo 'ld: cannot find -lm' >&2\nexit 1\n")
-    fake_cc.chmod(0o755)
-    monkeypatch.setenv("ELASTIC_LOCAL_HOME", str(tmp_path))
-    monkeypatch.setenv("CC", str(fake_cc))
-    monkeypatch.setattr(gemv, "_library", False)
-    with pytest.warns(UserWarning, match=r"cc failed: ld: cannot find -lm"):
+    with pytest.warns(UserWarning, match=f"cc failed: {message}"):
         assert gemv.library() is None
     assert not list((tmp_path / "cache" / "kernels").iterdir())  # no objects, no half-written library
 
