@@ -74,7 +74,8 @@ def _compile(out: Path, sources: list[Path] = SOURCES) -> str | None:
             jobs = [subprocess.Popen([cc, *compile_flags, *openmp, "-c", str(src), "-o", obj],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                     for src, obj in zip(sources, objects)]
-            failed = [(job.returncode, err) for job in jobs for _, err in [job.communicate()] if job.returncode]
+            errors = [job.communicate()[1] for job in jobs]
+            failed = [(job.returncode, err) for job, err in zip(jobs, errors) if job.returncode]
             if not failed:
                 lib = os.path.join(work, "lib.so")
                 done = subprocess.run([cc, *FLAGS, *openmp, *objects, "-o", lib, "-lm"], capture_output=True,

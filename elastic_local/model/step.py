@@ -106,7 +106,7 @@ class MLP(ctypes.Structure):
 
 def _in_proj(w, rows: int, d: int) -> Weight:
     """in_proj's z | x | B, C | dt as one product, for a budget that keeps every head: one pass over whole
-    rows and one barrier, not four (3-6% of a decode step, bench_ab.py). Weight() (out 0) where its format
+    rows and one barrier, not four (1-6% of a decode step, bench_ab.py). Weight() (out 0) where its format
     does not read as one: the parts run one by one. (Attention's q | k | v the same way: no gain measured.)"""
     try:
         return weight(block(w, 0, rows, d))
