@@ -83,9 +83,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                         "where per-op overhead dominates. On x86 CPUs one sequence already decodes in C "
                         "(faster still), so it matters for batch files (several rows at a time); needs a "
                         "C++ compiler")
-    g.add_argument("--cuda-graphs", action="store_true",
+    g.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="on a GPU, replay each decode step from a CUDA graph (one per budget and conversation; "
-                        "float weights): one launch per token instead of hundreds")
+                        "float weights): one launch per token instead of hundreds (default: on a GPU, with "
+                        "float weights and without --compile)")
 
 
 def resolve_device(device: str) -> str:

@@ -175,7 +175,7 @@ def test_cuda_graphs_refuse_a_model_on_the_cpu_before_reading_weights(nested):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the device check runs it)")
 def test_cuda_graph_decode_equals_eager_on_a_gpu(nested):
-    eager = elastic_local.load(nested, device="cuda", dtype=torch.float32)
+    eager = elastic_local.load(nested, device="cuda", dtype=torch.float32, cuda_graphs=False)
     replayed = elastic_local.load(nested, device="cuda", dtype=torch.float32, cuda_graphs=True)
     assert replayed.net.graphs == {}
     decodes_like(replayed, eager, seed=8, device="cuda", tol=1e-3)
@@ -188,3 +188,23 @@ def test_quantized_weights_keep_the_eager_step_with_a_warning(nested, caplog):
     m.net.capture_decode(record=Recorder())
     assert m.net.graphs is None
     assert "CUDA-graph decode step covers float weights" in caplog.text
+
+
+@pytest.mark.parametrize("options, captured", [
+    ({}, True),  # the default on a GPU
+    ({"cuda_graphs": False}, False),
+    ({"compile": True}, False),  # asked for the compiled step: that one runs
+    ({"precision": "fp8"}, False),  # quantized weights: eager, and no warning nobody asked for
+])
+def test_float_weights_on_a_gpu_decode_through_cuda_graphs_by_default(nested, monkeypatch, caplog, options,
+                                                                      captured):
+    from elastic_local.model.nemotron_h import NemotronH
+
+    calls = []
+    monkeypatch.setattr(NemotronH, "device", property(lambda self: torch.device("cuda")))
+    monkeypatch.setattr(NemotronH, "capture_decode", lambda self: calls.append(self))
+    elastic_local.load(nested, dtype=torch.float32, **options)
+    assert bool(calls) == captured
+    assert "covers float weights" not in caplog.text
+    monkeypatch.undo()
+    assert elastic_local.load(nested, dtype=torch.float32, **options).net.graphs is None  # on the CPU: off

@@ -97,11 +97,15 @@ class NemotronH:
         self.c_steps: dict[Budget, step.DecodeStep | None] = {}
         self._fitting: set[Budget] = set()  # budgets checked to fit the resident one
 
-    def _float_weights(self, what: str) -> bool:
-        """Whether every resident weight is a float tensor; else warns that `what` covers only those."""
+    def float_weights(self) -> bool:
+        """Whether every resident weight is a float tensor (none packed FP8 / NVFP4)."""
         plain = (torch.Tensor, Transposed, int, float, type(None))
-        if any(not isinstance(getattr(layer.mixer, f.name), plain) for layer in self.layers
-               if layer.mixer is not None for f in fields(layer.mixer)):  # fields: not what layers cache on them
+        return all(isinstance(getattr(layer.mixer, f.name), plain) for layer in self.layers
+                   if layer.mixer is not None for f in fields(layer.mixer))  # fields: not what layers cache on them
+
+    def _float_weights(self, what: str) -> bool:
+        """float_weights(), warning that `what` covers only those when it is False."""
+        if not self.float_weights():
             log.warning("%s covers float weights; these quantized ones decode eagerly", what)
             return False
         return True
