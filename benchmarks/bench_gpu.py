@@ -16,8 +16,8 @@ nested into full and half. Everything loads on cuda:0 in bfloat16, the dtype a G
    CUDA_CONTEXT_BYTES. Exits 1 when a measured peak exceeds its prediction.
 2. speed: per budget, prefill (--prompt-len tokens, one forward) and decode (--new-tokens greedy steps) of
    BF16 with the eager step, the CUDA-graph step (`cuda_graphs=True`) and the compiled step
-   (`compile=True`), and of FP8 and NVFP4 quantized while loading (eager: the graph and compiled steps cover
-   float weights). Engines alternate rep by rep; medians; ratios against BF16 eager in the same run. The
+   (`compile=True`), and of FP8 and NVFP4 quantized while loading, eager and CUDA-graph (the compiled step
+   covers float weights). Engines alternate rep by rep; medians; ratios against BF16 eager in the same run. The
    compiled step's first decode step (its compilation, once per budget and process) and the graph's
    recording step are reported as one-time costs.
 """
@@ -85,9 +85,11 @@ def speed(nested: Path, args) -> None:
         "bf16 eager": elastic_local.load(nested, device="cuda", dtype=torch.bfloat16, cuda_graphs=False),
         "bf16 graphs": elastic_local.load(nested, device="cuda", dtype=torch.bfloat16, cuda_graphs=True),
         "bf16 compiled": elastic_local.load(nested, device="cuda", dtype=torch.bfloat16, compile=True),
-        "fp8 eager": elastic_local.load(nested, device="cuda", dtype=torch.bfloat16, precision="fp8"),
-        "nvfp4 eager": elastic_local.load(nested, device="cuda", dtype=torch.bfloat16, precision="nvfp4"),
     }
+    for precision in ("fp8", "nvfp4"):
+        for graphs in (False, True):
+            engines[f"{precision} {'graphs' if graphs else 'eager'}"] = elastic_local.load(
+                nested, device="cuda", dtype=torch.bfloat16, precision=precision, cuda_graphs=graphs)
     vocab = engines["bf16 eager"].config.vocab_size
     prompt = torch.randint(3, vocab, (1, args.prompt_len), generator=torch.Generator().manual_seed(1)).cuda()
     print(f"\n2. speed: {args.prompt_len}-token prefill, {args.new_tokens} decode steps (steps after the second), "

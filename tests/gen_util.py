@@ -36,14 +36,16 @@ def small_budget(cfg) -> Budget:
     return Budget("small", cfg.hidden_size * 3 // 4, tuple(layers))
 
 
-def elastic_model(path: Path, seed: int = 0, prefill_chunk: int = 8, **overrides) -> ElasticModel:
-    """The ElasticModel a nested checkpoint with budgets "full" and "small" gives (float32, CPU).
-    Its `</think>` logit is 0 at every position (lm_head row zeroed) and so is never the argmax among
-    95 random ones: the random model does not close thinking by itself, the think budget does."""
+def elastic_model(path: Path, seed: int = 0, prefill_chunk: int = 8, precision: str | None = None,
+                  **overrides) -> ElasticModel:
+    """The ElasticModel a nested checkpoint with budgets "full" and "small" gives (float32, CPU; `precision`
+    quantizes while loading). Its `</think>` logit is 0 at every position (lm_head row zeroed) and so is
+    never the argmax among 95 random ones: the random model does not close thinking by itself, the think
+    budget does."""
     if not (path / "config.json").is_file():
         make_checkpoint(path, seed=seed, **overrides)
         write_tokenizer(path)
-    base = elastic_local.load(path)
+    base = elastic_local.load(path, precision=precision)
     base.net.prefill_chunk = prefill_chunk  # catch-ups longer than this run in several chunks
     base.net.silence(base.tokenizer.think_ids[1])
     cfg = base.config

@@ -6,6 +6,8 @@ The CPU cannot record a CUDA graph, so two properties are pinned here separately
   were by the recording) gives eager decoding's tokens and logits, with a recorder that replays the
   closure in torch. The GPU test runs the real recorder where there is a GPU."""
 
+import dataclasses
+
 import pytest
 import torch
 from test_compiled_decode import decode, decodes_like
@@ -13,8 +15,9 @@ from test_compiled_decode import decode, decodes_like
 import elastic_local
 from elastic_local.engine.load import LAYOUT_ENV
 from elastic_local.model import graphs
-from elastic_local.model.linear import Transposed
+from elastic_local.model.linear import ExpertStack, RowConcat, Transposed
 from elastic_local.model.moe import moe
+from elastic_local.quant import QuantizedWeight
 
 pytestmark = pytest.mark.usefixtures("no_c_step")
 
@@ -43,6 +46,13 @@ def to_meta(net) -> None:
     def meta(w):
         if isinstance(w, Transposed):
             return Transposed(w.t.to("meta"))
+        if isinstance(w, ExpertStack):
+            return ExpertStack([meta(e) for e in w])
+        if isinstance(w, RowConcat):
+            return RowConcat([meta(p) for p in w.parts])
+        if isinstance(w, QuantizedWeight):
+            return dataclasses.replace(w, **{f.name: getattr(w, f.name).to("meta") for f in dataclasses.fields(w)
+                                             if f.init and isinstance(getattr(w, f.name), torch.Tensor)})
         return w.to("meta") if isinstance(w, torch.Tensor) else w
 
     for layer in net.layers:
@@ -53,8 +63,10 @@ def to_meta(net) -> None:
     net.embed, net.norm_f, net.lm_head = meta(net.embed), meta(net.norm_f), meta(net.lm_head)
 
 
-def test_the_recorded_step_reads_nothing_back_to_the_host_on_any_budget(nested):
-    m = elastic_local.load(nested, dtype=torch.float32)
+@pytest.mark.parametrize("precision", [None, "fp8", "nvfp4"])
+def test_the_recorded_step_reads_nothing_back_to_the_host_on_any_budget(nested, precision):
+    m = elastic_local.load(nested, dtype=torch.float32, precision=precision)
+    m.net.capture_decode(record=Recorder())  # stacks packed experts
     to_meta(m.net)
     for name in m.budgets:
         b = m.budget(name)
@@ -183,21 +195,65 @@ def test_cuda_graph_decode_equals_eager_on_a_gpu(nested):
     assert isinstance(next(iter(replayed.net.graphs.values())), graphs.StepGraph)
 
 
-def test_quantized_weights_keep_the_eager_step_with_a_warning(nested, caplog):
-    m = elastic_local.load(nested, dtype=torch.float32, precision="fp8")
+@pytest.mark.parametrize("precision", ["fp8", "nvfp4"])
+def test_packed_experts_are_stacked_in_place_and_each_still_dequantizes_as_before(nested, precision):
+    m = elastic_local.load(nested, dtype=torch.float32, precision=precision)
+    layer = next(layer for layer in m.net.layers if layer.kind == "E")
+    before = [w.dequantize(torch.float32) for w in layer.mixer.up]
+    weight_bytes = sum(t.nbytes for t in m.net.tensors())
     m.net.capture_decode(record=Recorder())
-    assert m.net.graphs is None
-    assert "CUDA-graph decode step covers float weights" in caplog.text
+    stack = layer.mixer.up
+    assert isinstance(stack, ExpertStack) and isinstance(layer.mixer.down, ExpertStack)
+    assert sum(t.nbytes for t in m.net.tensors()) == weight_bytes  # the stack replaced them: no copy stays
+    base = stack.stacked["weight"]
+    for e, w in enumerate(stack):
+        assert w.weight.data_ptr() == base[e].data_ptr()  # a view of the stack
+        assert torch.equal(w.dequantize(torch.float32), before[e])
+    pick = torch.tensor([3, 0, 3])
+    for rows, cols in ((stack[0].shape[0], stack[0].shape[1]), (16, 32)):
+        want = torch.stack([before[e][:rows, :cols] for e in pick.tolist()])
+        assert torch.equal(stack.dequantize(pick, rows, cols, torch.float32), want)
+
+
+@pytest.mark.parametrize("precision", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_gathered_packed_experts_equal_the_per_expert_ones_on_every_budget(nested, rows, precision):
+    m = elastic_local.load(nested, dtype=torch.float32, precision=precision)
+    m.net.capture_decode(record=Recorder())
+    for name in m.budgets:
+        b = m.budget(name)
+        for i, (layer, s) in enumerate(zip(m.net.layers, b.layers)):
+            if s.kind != "E" or not s.enabled:
+                continue
+            x = torch.randn(rows, 1, b.hidden, generator=torch.Generator().manual_seed(i))
+            args = (x, layer.mixer, s.experts, s.expert_channels, s.shared_channels, m.net.cfg)
+            torch.testing.assert_close(moe(*args, sync_free=True), moe(*args), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("precision", ["fp8", "nvfp4"])
+def test_replayed_decode_equals_eager_with_packed_weights(nested, precision):
+    eager = elastic_local.load(nested, dtype=torch.float32, precision=precision)
+    replayed = elastic_local.load(nested, dtype=torch.float32, precision=precision)
+    rec = Recorder()
+    replayed.net.capture_decode(record=rec)
+    decodes_like(replayed, eager, seed=6)
+    assert rec.recorded == 2 * len(eager.budgets) and None not in replayed.net.graphs.values()
+
+
+def test_the_compiled_step_keeps_quantized_weights_eager_with_a_warning(nested, caplog):
+    m = elastic_local.load(nested, dtype=torch.float32, precision="fp8")
+    m.net.compile_decode()
+    assert m.net.compiled is None
+    assert "compiled decode step covers float weights" in caplog.text
 
 
 @pytest.mark.parametrize("options, captured", [
     ({}, True),  # the default on a GPU
     ({"cuda_graphs": False}, False),
     ({"compile": True}, False),  # asked for the compiled step: that one runs
-    ({"precision": "fp8"}, False),  # quantized weights: eager, and no warning nobody asked for
+    ({"precision": "fp8"}, True),  # packed experts too (stacked)
 ])
-def test_float_weights_on_a_gpu_decode_through_cuda_graphs_by_default(nested, monkeypatch, caplog, options,
-                                                                      captured):
+def test_a_model_on_a_gpu_decodes_through_cuda_graphs_by_default(nested, monkeypatch, options, captured):
     from elastic_local.model.nemotron_h import NemotronH
 
     calls = []
@@ -205,6 +261,33 @@ def test_float_weights_on_a_gpu_decode_through_cuda_graphs_by_default(nested, mo
     monkeypatch.setattr(NemotronH, "capture_decode", lambda self: calls.append(self))
     elastic_local.load(nested, dtype=torch.float32, **options)
     assert bool(calls) == captured
-    assert "covers float weights" not in caplog.text
     monkeypatch.undo()
     assert elastic_local.load(nested, dtype=torch.float32, **options).net.graphs is None  # on the CPU: off
+
+
+@pytest.mark.parametrize("precision", [None, "fp8"])
+def test_the_engine_stays_exact_on_the_graph_step_across_a_live_switch(tmp_path, precision):
+    """The generation oracle (tests/test_generate.py) with replayed steps: every sampled token is the argmax
+    of its budget run from scratch, eagerly, on the sequence before it, through a switch and a hand-over."""
+    from gen_util import assert_argmax, elastic_model, sampled_tokens
+
+    from elastic_local.engine.events import Switch, Token
+    from elastic_local.engine.generate import Generation, Request
+
+    m = elastic_model(tmp_path, seed=3, precision=precision)
+    rec = Recorder()
+    m.net.capture_decode(record=rec)
+    prompt = m.chat_prompt("switch")
+    gen = Generation(m, [prompt], Request(think_budget="full", answer_budget="small", max_think_tokens=12,
+                                          max_answer_tokens=6, ignore_eos=True, think_close="ok."))
+    events = []
+    for ev in gen.run():
+        events.append(ev)
+        thinking = [e for e in events if isinstance(e, Token) and e.phase == "think"]
+        if len(thinking) == 4 and not any(isinstance(e, Switch) for e in events):
+            gen.switch(think="small")
+    r = events[-1].results[0]
+    tokens = sampled_tokens(events, len(prompt))
+    assert [b for _, b in tokens][:6] == ["full"] * 4 + ["small"] * 2
+    assert assert_argmax(m, r.ids, tokens) >= len(tokens) - 2
+    assert set(m.net.graphs) == {m.budget("full"), m.budget("small")} and rec.replays > 0

@@ -433,24 +433,28 @@ def test_a_dequantized_precision_is_never_shown_faster_than_bf16(no_user_profile
 def test_batch_workspace_is_one_chunk_or_one_token_per_row_never_their_product():
     """The engine prefills rows one at a time in chunks and decodes the batch a token per row (batch/
     scheduler.py, engine/cacheset.py): a batch of 8 needs the caches of 8, not 8 prefill chunks."""
-    profile = get_profile("h100-80gb")
-    one, eight = (_by(plan(profile, SHAPES, OPTIONS, Workload(batch=b, prefill_chunk=1024)), "12B", "fp8")
-                  for b in (1, 8))
+    profile = get_profile("h100-80gb")  # eager steps (CUDA graphs add per-row copies: the test below)
+    one, eight = (_by(plan(profile, SHAPES, OPTIONS, Workload(batch=b, prefill_chunk=1024, cuda_graphs=False)),
+                      "12B", "bf16") for b in (1, 8))
     assert eight.workspace_bytes == one.workspace_bytes and eight.kv_bytes == 8 * one.kv_bytes
-    many = _by(plan(profile, SHAPES, OPTIONS, Workload(batch=2048, prefill_chunk=1024)), "12B", "fp8")
+    many = _by(plan(profile, SHAPES, OPTIONS, Workload(batch=2048, prefill_chunk=1024, cuda_graphs=False)),
+               "12B", "bf16")
     assert many.workspace_bytes > one.workspace_bytes  # 2048 rows decoding together outgrow one chunk
 
 
-def test_cuda_graph_steps_add_the_experts_each_row_gathers_for_float_weights_on_a_gpu(no_user_profiles):
-    """A CUDA-graph decode step (engine.load's default for float weights on a GPU) copies each row's top-k
-    experts into the graph's own memory pool (moe._experts_gathered), one pool per graph, one graph per
-    cache; quantized weights and CPUs decode eagerly and gather nothing."""
+def test_cuda_graph_steps_add_the_experts_each_row_gathers_on_a_gpu(no_user_profiles):
+    """A CUDA-graph decode step (engine.load's default on a GPU) copies each row's routed experts into the
+    graph's own memory pool (moe._experts_gathered), one pool per graph, one graph per cache: float
+    weights all k experts at once, packed ones one slot at a time, dequantized. CPUs gather nothing."""
     def work(profile, precision, graphs, batch=1):
         w = Workload(context=4096, batch=batch, cuda_graphs=graphs)
         return _by(plan(get_profile(profile), SHAPES, OPTIONS, w), "30B", precision).workspace_bytes
 
-    per_row = 6 * 2 * 2688 * 1856 * 2  # top-6 experts x (up + down) x hidden x expert channels x bf16
-    assert work("h100-80gb", "bf16", True) - work("h100-80gb", "bf16", False) == 2 * per_row  # 2 caches
-    assert work("h100-80gb", "bf16", True, batch=4) - work("h100-80gb", "bf16", False, batch=4) == 8 * per_row
-    assert work("h100-80gb", "fp8", True) == work("h100-80gb", "fp8", False)
+    expert = 2688 * 1856  # hidden x expert channels
+    float_row = 6 * 2 * expert * 2  # top-6 experts x (up + down) in bf16
+    packed_row = expert * (2 * 2 + 12)  # one slot's up and down in bf16, and the transient of one matrix
+    assert work("h100-80gb", "bf16", True) - work("h100-80gb", "bf16", False) == 2 * float_row  # 2 caches
+    assert work("h100-80gb", "bf16", True, batch=4) - work("h100-80gb", "bf16", False, batch=4) == 8 * float_row
+    for precision in ("fp8", "nvfp4"):
+        assert work("h100-80gb", precision, True) - work("h100-80gb", precision, False) == 2 * packed_row
     assert work("cpu", "bf16", True) == work("cpu", "bf16", False)

@@ -42,9 +42,9 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     `compile`: one-token decode steps run through torch.compile, one graph per budget compiled on its first
     step (`NemotronH.compile_decode`; seconds to a minute once per budget and process, then faster).
     `cuda_graphs` (CUDA only): one-token decode steps replay from a CUDA graph per budget and cache
-    (`NemotronH.capture_decode`); taken before `compile` where both are set. None (default): on for float
-    weights on CUDA unless `compile` is set (a decode step there is hundreds of launches; replayed, one:
-    8-18x on an H200, README), off elsewhere; True warns where the weights are quantized."""
+    (`NemotronH.capture_decode`); taken before `compile` where both are set. None (default): on on CUDA
+    unless `compile` is set (a decode step there is hundreds of launches; replayed, one: 8-18x on an H200,
+    README), off elsewhere."""
     if cuda_graphs and torch.device(device).type != "cuda":  # before any weight is read
         raise ValueError(f"CUDA graphs record GPU kernels; the device is {device}: load on a CUDA device "
                          "(--device cuda), or leave CUDA graphs off")
@@ -77,6 +77,6 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
         net.transpose_weights()  # float32 only: in bf16 `x @ t` is the slower path (linear.Transposed)
     if compile:
         net.compile_decode()
-    if cuda_graphs or (cuda_graphs is None and not compile and net.device.type == "cuda" and net.float_weights()):
+    if cuda_graphs or (cuda_graphs is None and not compile and net.device.type == "cuda"):
         net.capture_decode()
     return ElasticModel(net, {k: b for k, b in budgets.items() if b.fits_in(resident)}, path, tokenizer)

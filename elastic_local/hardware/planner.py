@@ -13,7 +13,7 @@ Memory of a candidate (all in bytes):
                                                  + mamba_heads x mamba_head_dim x ssm_state x 4)   # ssm fp32
     workspace = see `ArchShape.workspace_bytes` (one prefill chunk through the widest layer, the logits
                 of the chunk, one dequantized weight matrix when fp8/nvfp4 is not native, and on a GPU
-                with float weights the experts each CUDA-graph decode row gathers: caches x batch rows)
+                the experts each CUDA-graph decode row gathers: caches x batch rows)
     overhead  = CUDA context (500 MiB) on a GPU, the python + torch process (512 MiB) on a CPU, both on a
                 unified-memory device
     margin    = max(1 GiB, 5% of available), overridable
@@ -90,7 +90,7 @@ class Workload:
     act_bytes: int = 2  # activation dtype: bf16
     margin_bytes: int | None = None  # None = max(1 GiB, 5% of available)
     overhead_bytes: int | None = None  # None = by device kind (see module docstring)
-    cuda_graphs: bool = True  # float weights on a GPU decode through CUDA graphs (engine.load's default)
+    cuda_graphs: bool = True  # a GPU decodes through CUDA graphs (engine.load's default)
 
 
 @dataclass(frozen=True)
@@ -182,9 +182,9 @@ def _candidate(profile: Profile, shape: ArchShape, o: WeightOption, w: Workload,
     tokens = max(w.prefill_chunk, w.batch)
     logits = max(w.batch, w.prefill_chunk if w.logits_tokens is None else w.logits_tokens)
     # one graph per budget a sequence decodes with (at most one per cache), each holding its batch's rows
-    graphed = w.cuda_graphs and profile.kind == "cuda" and o.precision == "bf16"
+    graph_rows = w.caches * w.batch if w.cuda_graphs and profile.kind == "cuda" else 0
     work = shape.workspace_bytes(tokens, logits, w.act_bytes, dequant=not native and o.precision != "bf16",
-                                 graph_rows=w.caches * w.batch if graphed else 0)
+                                 graph_rows=graph_rows, packed=o.precision != "bf16")
     total = o.weights_bytes + kv + state + work + overhead + margin
     fits = total <= available
     reason = "" if fits else (f"needs {total / GIB:.2f} GiB, {(total - available) / GIB:.2f} GiB more than "

@@ -78,7 +78,7 @@ class ArchShape:
         )
 
     def workspace_bytes(self, tokens: int, logits_tokens: int, act_bytes: int = 2,
-                        dequant: bool = False, graph_rows: int = 0) -> int:
+                        dequant: bool = False, graph_rows: int = 0, packed: bool = False) -> int:
         """Peak activation memory of one prefill chunk of `tokens` (batch folded in), one layer at a time.
 
         Per token, the residual stream (act) plus its fp32 RMSNorm output and fp32 mixer output, plus the
@@ -93,9 +93,11 @@ class ArchShape:
           mlp:   up and activated (2 mlp_intermediate) in act
         Plus the logits of `logits_tokens` positions, lm_head output and its fp32 copy (vocab x (act + 4)),
         plus, when the precision is not native, one dequantized weight matrix in bf16, plus, for CUDA-graph
-        decode steps of `graph_rows` rows in all, the routed experts' up and down weights each row gathers
-        (moe._experts_gathered): a graph's memory pool is its own for as long as it lives, beside the
-        prefill's, and reuses those copies layer after layer.
+        decode steps of `graph_rows` rows in all, the routed experts' weights each row gathers
+        (moe._experts_gathered): float ones, the up and down of all k at once; `packed` ones, one slot's
+        up and down dequantized, with 12 bytes an element of one matrix for the packed codes, their
+        index and the float32 values on the way. A graph's memory pool is its own for as long as it
+        lives, beside the prefill's, and reuses those copies layer after layer.
         """
         a = act_bytes
         stream = self.hidden_size * (a + 4 + 4)
@@ -108,7 +110,8 @@ class ArchShape:
         mlp = a * 2 * self.mlp_intermediate
         per_token = stream + max(mamba if self.mamba_layers else 0, moe, attn if self.attn_layers else 0, mlp)
         logits = logits_tokens * self.vocab_size * (a + 4)
-        gathered = graph_rows * self.moe_topk * 2 * self.hidden_size * self.moe_intermediate * a
+        expert = self.hidden_size * self.moe_intermediate  # elements of one expert's up (or down)
+        gathered = graph_rows * expert * ((2 * a + 12) if packed else self.moe_topk * 2 * a)
         return tokens * per_token + logits + (2 * self.largest_linear() if dequant else 0) + gathered
 
 

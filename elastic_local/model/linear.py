@@ -7,6 +7,7 @@ functions, so budgets and precisions never meet in the model code.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
@@ -136,6 +137,31 @@ class RowConcat:
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([linear(x, p) for p in self.parts], dim=-1)
+
+
+class ExpertStack(list):
+    """A MoE layer's packed experts (FP8 / NVFP4 weights, `elastic_local.quant`), each still its own weight
+    (`stack[e]`), whose tensors are views of one stacked tensor per field. Why: a CUDA graph's MoE step
+    (moe._experts_gathered) picks the routed experts by a device tensor, never a Python int; stacked, the
+    chosen experts' packed blocks are one gather away. Built from the per-expert weights, it replaces
+    them: their tensors are freed with the list they came in, and no copy stays."""
+
+    def __init__(self, experts: list):
+        first = experts[0]
+        names = [f.name for f in dataclasses.fields(first)
+                 if f.init and isinstance(getattr(first, f.name), torch.Tensor)]
+        for e, w in enumerate(experts):
+            if type(w) is not type(first) or not all(isinstance(getattr(w, n), torch.Tensor) for n in names):
+                raise ValueError(f"expert {e} is a {type(w).__name__} unlike expert 0's {type(first).__name__}"
+                                 f" ({', '.join(names)}): a layer's experts share one format to be stacked")
+        self.stacked = {n: torch.stack([getattr(w, n) for w in experts]) for n in names}
+        super().__init__(dataclasses.replace(w, **{n: self.stacked[n][e] for n in names})
+                         for e, w in enumerate(experts))
+
+    def dequantize(self, pick: torch.Tensor, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+        """[len(pick), rows, cols] in `dtype`: block (rows, cols) of the experts `pick` (a device tensor),
+        the values each expert's own `dequantize` gives."""
+        return type(self[0]).dequantize_picked(self.stacked, pick, rows, cols, dtype)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kernels, step
-from .linear import Transposed, block, linear
+from .linear import ExpertStack, Transposed, block, linear
 from .soft import SoftLayer, unit_weights
 
 
@@ -117,10 +117,19 @@ def _experts_grouped(flat: torch.Tensor, w: MoEWeights, experts: int, channels: 
 def _experts_gathered(flat: torch.Tensor, w: MoEWeights, experts: int, channels: int, ids: torch.Tensor,
                       weights: torch.Tensor) -> torch.Tensor:
     """The routed experts' sum [N, d] float32 without reading a value back to the host: every (token, expert)
-    pair gathers its expert's weights (float weights only) and the products run batched, so the kernels and
-    their shapes are the same on every step, which a CUDA graph needs (model/graphs.py). The gather reads the
-    chosen experts' weights once more than the product does: affordable for a few decode rows, not a prompt."""
+    pair gathers its expert's weights and the products run batched, so the kernels and their shapes are the
+    same on every step, which a CUDA graph needs (model/graphs.py). The gather reads the chosen experts'
+    weights once more than the product does: affordable for a few decode rows, not a prompt. Packed experts
+    (an ExpertStack) are dequantized one routed slot at a time: a row holds one expert's pair, not k."""
     (n, d), k = flat.shape, ids.shape[1]
+    if isinstance(w.up, ExpertStack):
+        out = torch.zeros(n, d, dtype=torch.float32, device=flat.device)
+        for j in range(k):
+            up = w.up.dequantize(ids[:, j], channels, d, flat.dtype)  # [N, I, d]
+            down = w.down.dequantize(ids[:, j], d, channels, flat.dtype)
+            h = F.relu(torch.bmm(up, flat[:, :, None])).square()
+            out += torch.bmm(down, h)[..., 0].float() * weights[:, j, None]
+        return out
     pick = ids.reshape(-1)
     up, down = _gather(w.up, experts, channels, d, pick), _gather(w.down, experts, d, channels, pick)
     h = F.relu(torch.bmm(up, flat.repeat_interleave(k, 0)[:, :, None])).square()  # [N*k, I, 1]

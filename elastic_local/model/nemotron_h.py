@@ -21,7 +21,7 @@ from .attention import AttentionWeights, KVCache, attention
 from .budget import Budget
 from .config import NemotronHConfig
 from .cost import PREFILL_CHUNK
-from .linear import Transposed, block, linear, rms_norm
+from .linear import ExpertStack, Transposed, block, linear, rms_norm
 from .mamba2 import MambaState, MambaWeights, mamba_mixer
 from .moe import MLPWeights, MoEWeights, mlp, moe
 from .soft import SoftLayer, SoftSize, unit_weights
@@ -97,15 +97,11 @@ class NemotronH:
         self.c_steps: dict[Budget, step.DecodeStep | None] = {}
         self._fitting: set[Budget] = set()  # budgets checked to fit the resident one
 
-    def float_weights(self) -> bool:
-        """Whether every resident weight is a float tensor (none packed FP8 / NVFP4)."""
-        plain = (torch.Tensor, Transposed, int, float, type(None))
-        return all(isinstance(getattr(layer.mixer, f.name), plain) for layer in self.layers
-                   if layer.mixer is not None for f in fields(layer.mixer))  # fields: not what layers cache on them
-
     def _float_weights(self, what: str) -> bool:
-        """float_weights(), warning that `what` covers only those when it is False."""
-        if not self.float_weights():
+        """Whether every resident weight is a float tensor; else warns that `what` covers only those."""
+        plain = (torch.Tensor, Transposed, int, float, type(None))
+        if any(not isinstance(getattr(layer.mixer, f.name), plain) for layer in self.layers
+               if layer.mixer is not None for f in fields(layer.mixer)):  # fields: not what layers cache on them
             log.warning("%s covers float weights; these quantized ones decode eagerly", what)
             return False
         return True
@@ -124,14 +120,19 @@ class NemotronH:
 
     def capture_decode(self, record: graphs.Recorder = graphs.cuda_record) -> None:
         """Replay one-token decode steps (inference, no observer) from CUDA graphs, one per budget, recorded
-        on its first step and again for each new cache (graphs.py). Float weights only, as compile_decode.
-        On CUDA this path is taken before the compiled one. `record`: tests record with a stand-in on the CPU."""
+        on its first step and again for each new cache (graphs.py). Packed FP8 / NVFP4 experts are stacked
+        first (linear.ExpertStack), so that the step can pick them by a device tensor. On CUDA this path
+        is taken before the compiled one. `record`: tests record with a stand-in on the CPU."""
         if record is graphs.cuda_record and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs record GPU kernels; this model is on {self.device}: load it on a "
                              "CUDA device (--device cuda), or leave CUDA graphs off")
-        if self._float_weights("the CUDA-graph decode step"):
-            self.graphs, self._record = {}, record
-            self._seen: dict[Budget, tuple] = {}  # per budget, the cache (graphs.bound_to) of its last eager step
+        for layer in self.layers:
+            w = layer.mixer
+            if isinstance(w, MoEWeights) and isinstance(w.up, list) and not isinstance(w.up, ExpertStack):
+                w.up, w.down = ExpertStack(w.up), ExpertStack(w.down)
+                self.c_steps.clear()  # a C step built before reads the per-expert tensors just freed
+        self.graphs, self._record = {}, record
+        self._seen: dict[Budget, tuple] = {}  # per budget, the cache (graphs.bound_to) of its last eager step
 
     def _graphed_step(self, ids: torch.Tensor, b: Budget, cache: HybridCache) -> torch.Tensor:
         for s in cache.layers:

@@ -59,6 +59,12 @@ class FP8Weight(QuantizedWeight):
     def _dequantize_rows(self, r0: int, r1: int, dtype: torch.dtype) -> Tensor:
         return dequantize_fp8(self.weight[r0:r1], self.weight_scale, dtype)
 
+    @classmethod
+    def dequantize_picked(cls, stacked: dict[str, Tensor], pick: Tensor, rows: int, cols: int,
+                          dtype: torch.dtype) -> Tensor:
+        codes = stacked["weight"][:, :rows, :cols][pick]
+        return (codes.float() * stacked["weight_scale"][pick][:, None, None]).to(dtype)  # dequantize_fp8's
+
     def _kernel_fits(self) -> bool:
         out, k = self.shape
         return out % 16 == 0 and k % 16 == 0

@@ -67,6 +67,14 @@ class QuantizedWeight(ABC):
     @abstractmethod
     def _dequantize_rows(self, r0: int, r1: int, dtype: torch.dtype) -> Tensor: ...
 
+    @classmethod
+    @abstractmethod
+    def dequantize_picked(cls, stacked: dict[str, Tensor], pick: Tensor, rows: int, cols: int,
+                          dtype: torch.dtype) -> Tensor:
+        """Block (rows, cols) of experts `pick` of a stack of this format (`model.linear.ExpertStack`:
+        each field with a leading expert dimension) in `dtype`, [len(pick), rows, cols]; equal to each
+        expert's `dequantize`, with nothing read back to the host (a CUDA graph records it)."""
+
     @abstractmethod
     def _kernel_fits(self) -> bool:
         """Whether the shape meets the GPU kernel's alignment rules."""

@@ -112,6 +112,17 @@ class NVFP4Weight(QuantizedWeight):
     def _dequantize_rows(self, r0: int, r1: int, dtype: torch.dtype) -> Tensor:
         return dequantize_nvfp4(self.weight[r0:r1], self.weight_scale[r0:r1], self.weight_scale_2, dtype)
 
+    @classmethod
+    def dequantize_picked(cls, stacked: dict[str, Tensor], pick: Tensor, rows: int, cols: int,
+                          dtype: torch.dtype) -> Tensor:
+        if cols % BLOCK:
+            raise ValueError(f"NVFP4 input cut {cols} is not a multiple of {BLOCK} (the scale block)")
+        codes = stacked["weight"][:, :rows, : cols // 2][pick]
+        scales = stacked["weight_scale"][:, :rows, : cols // BLOCK][pick].float()
+        scales = scales * stacked["weight_scale_2"][pick][:, None, None]  # e4m3 x scale_2, as dequantize_nvfp4
+        values = _byte_values(codes.device)[codes.int()].view(*codes.shape[:-1], -1, BLOCK)
+        return (values * scales[..., None]).flatten(-2).to(dtype)
+
     def _kernel_fits(self) -> bool:
         out, k = self.shape
         return out % 16 == 0 and k % 32 == 0
