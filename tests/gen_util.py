@@ -11,7 +11,8 @@ from tiny import make_checkpoint, write_tokenizer
 
 import elastic_local
 from elastic_local.engine import ElasticModel
-from elastic_local.engine.events import Token
+from elastic_local.engine.events import Switch, Token
+from elastic_local.engine.generate import Generation, Request
 from elastic_local.model import Budget
 
 # near-ties (top-2 logit gap below this) are not checked: float rounding may order them either way
@@ -80,3 +81,20 @@ def sampled_tokens(events, prompt_len: int, row: int = 0) -> list[tuple[int, str
                 out.append((pos, ev.budget))
             pos += 1
     return out
+
+
+def generate_with_a_live_switch(m: ElasticModel) -> tuple[list[int], list[tuple[int, str]]]:
+    """Think on "full", answer on "small", and switch thinking to "small" after 4 thinking tokens, live:
+    (the result's ids, the sampled tokens as (position, budget)), checked to have switched where asked."""
+    prompt = m.chat_prompt("switch")
+    gen = Generation(m, [prompt], Request(think_budget="full", answer_budget="small", max_think_tokens=12,
+                                          max_answer_tokens=6, ignore_eos=True, think_close="ok."))
+    events = []
+    for ev in gen.run():
+        events.append(ev)
+        thinking = [e for e in events if isinstance(e, Token) and e.phase == "think"]
+        if len(thinking) == 4 and not any(isinstance(e, Switch) for e in events):
+            gen.switch(think="small")
+    tokens = sampled_tokens(events, len(prompt))
+    assert [b for _, b in tokens][:6] == ["full"] * 4 + ["small"] * 2
+    return events[-1].results[0].ids, tokens

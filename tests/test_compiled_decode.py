@@ -114,24 +114,10 @@ def test_a_step_that_fails_to_compile_part_way_does_not_advance_the_cache_twice(
 def test_the_engine_stays_exact_on_the_compiled_step_across_a_live_switch(tmp_path):
     """The generation oracle (tests/test_generate.py) with compiled steps: every sampled token is the argmax
     of its budget run from scratch, eagerly, on the sequence before it, through a switch and a hand-over."""
-    from gen_util import assert_argmax, elastic_model, sampled_tokens
-
-    from elastic_local.engine.events import Switch, Token
-    from elastic_local.engine.generate import Generation, Request
+    from gen_util import assert_argmax, elastic_model, generate_with_a_live_switch
 
     m = elastic_model(tmp_path, seed=3)
     m.net.compile_decode()
-    prompt = m.chat_prompt("switch")
-    gen = Generation(m, [prompt], Request(think_budget="full", answer_budget="small", max_think_tokens=12,
-                                          max_answer_tokens=6, ignore_eos=True, think_close="ok."))
-    events = []
-    for ev in gen.run():
-        events.append(ev)
-        thinking = [e for e in events if isinstance(e, Token) and e.phase == "think"]
-        if len(thinking) == 4 and not any(isinstance(e, Switch) for e in events):
-            gen.switch(think="small")
-    r = events[-1].results[0]
-    tokens = sampled_tokens(events, len(prompt))
-    assert [b for _, b in tokens][:6] == ["full"] * 4 + ["small"] * 2
-    assert assert_argmax(m, r.ids, tokens) >= len(tokens) - 2
+    ids, tokens = generate_with_a_live_switch(m)
+    assert assert_argmax(m, ids, tokens) >= len(tokens) - 2
     assert set(m.net.compiled) == {m.budget("full"), m.budget("small")}  # both budgets ran compiled
