@@ -25,6 +25,7 @@ nested into full and half. Everything loads on cuda:0 in bfloat16, the dtype a G
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import tempfile
@@ -117,6 +118,7 @@ def speed(nested: Path, args) -> None:
                 print(f"{budget:6} {e:14} {statistics.median(pre[e]):13.0f} {d:12.1f} {d / base:12.2f}x "
                       f"{' / '.join(f'{s * 1e3:.0f}' for s in first[e]):>15}  {same}")
     del engines
+    gc.collect()  # a model whose steps were compiled or recorded is in reference cycles: freed by the collector
     torch.cuda.empty_cache()
 
 
@@ -163,6 +165,7 @@ def memory(nested: Path, args) -> bool:
             print(f"{budget:6} {context:7} {loaded / MIB:11.1f} {want / MIB:13.1f} {peak / MIB:9.1f} "
                   f"{peak / want:8.2f}x {reserved / MIB:12.1f}")
             del m, cache, logits
+            gc.collect()  # the graph step's closures hold the model in a cycle
     torch.cuda.empty_cache()
     return ok
 

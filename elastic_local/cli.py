@@ -84,9 +84,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                         "(faster still), so it matters for batch files (several rows at a time); needs a "
                         "C++ compiler")
     g.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
-                   help="on a GPU, replay each decode step from a CUDA graph (one per budget and conversation; "
-                        "float weights): one launch per token instead of hundreds (default: on a GPU, with "
-                        "float weights and without --compile)")
+                   help="on a GPU, replay each decode step from a CUDA graph (one per budget and "
+                        "conversation): one launch per token instead of hundreds (default: on a GPU, "
+                        "unless --compile)")
 
 
 def resolve_device(device: str) -> str:

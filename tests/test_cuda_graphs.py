@@ -215,6 +215,15 @@ def test_packed_experts_are_stacked_in_place_and_each_still_dequantizes_as_befor
         assert torch.equal(stack.dequantize(pick, rows, cols, torch.float32), want)
 
 
+def test_experts_in_mixed_formats_keep_the_eager_step_with_a_warning(nested, caplog):
+    m = elastic_local.load(nested, dtype=torch.float32, precision="fp8")
+    layer = next(layer for layer in m.net.layers if layer.kind == "E")
+    layer.mixer.up[1] = layer.mixer.up[1].dequantize(torch.float32)  # as a `keep` pattern matching one would
+    m.net.capture_decode(record=Recorder())
+    assert m.net.graphs is None
+    assert "expert 1 is a Tensor unlike expert 0's FP8Weight" in caplog.text and "runs eagerly" in caplog.text
+
+
 @pytest.mark.parametrize("precision", ["fp8", "nvfp4"])
 @pytest.mark.parametrize("rows", [1, 3])
 def test_gathered_packed_experts_equal_the_per_expert_ones_on_every_budget(nested, rows, precision):

@@ -42,9 +42,9 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     `compile`: one-token decode steps run through torch.compile, one graph per budget compiled on its first
     step (`NemotronH.compile_decode`; seconds to a minute once per budget and process, then faster).
     `cuda_graphs` (CUDA only): one-token decode steps replay from a CUDA graph per budget and cache
-    (`NemotronH.capture_decode`); taken before `compile` where both are set. None (default): on on CUDA
-    unless `compile` is set (a decode step there is hundreds of launches; replayed, one: 8-18x on an H200,
-    README), off elsewhere."""
+    (`NemotronH.capture_decode`); taken before `compile` where both are set. None (the default): graphs on
+    CUDA unless `compile` is set (a decode step there is hundreds of launches; replayed, one: 8-18x on an
+    H200, README), none elsewhere."""
     if cuda_graphs and torch.device(device).type != "cuda":  # before any weight is read
         raise ValueError(f"CUDA graphs record GPU kernels; the device is {device}: load on a CUDA device "
                          "(--device cuda), or leave CUDA graphs off")

@@ -126,10 +126,14 @@ class NemotronH:
         if record is graphs.cuda_record and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs record GPU kernels; this model is on {self.device}: load it on a "
                              "CUDA device (--device cuda), or leave CUDA graphs off")
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             w = layer.mixer
             if isinstance(w, MoEWeights) and isinstance(w.up, list) and not isinstance(w.up, ExpertStack):
-                w.up, w.down = ExpertStack(w.up), ExpertStack(w.down)
+                try:
+                    w.up, w.down = ExpertStack(w.up), ExpertStack(w.down)
+                except ValueError as e:  # experts in several formats (a `keep` pattern that kept some)
+                    log.warning("layer %d: %s; the decode step runs eagerly, without CUDA graphs", i, e)
+                    return
                 self.c_steps.clear()  # a C step built before reads the per-expert tensors just freed
         self.graphs, self._record = {}, record
         self._seen: dict[Budget, tuple] = {}  # per budget, the cache (graphs.bound_to) of its last eager step
