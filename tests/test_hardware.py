@@ -452,7 +452,7 @@ def test_cuda_graph_steps_add_the_experts_each_row_gathers_on_a_gpu(no_user_prof
 
     expert = 2688 * 1856  # hidden x expert channels
     float_row = 6 * 2 * expert * 2  # top-6 experts x (up + down) in bf16
-    packed_row = expert * (2 * 2 + 12)  # one slot's up and down in bf16, and the transient of one matrix
+    packed_row = expert * (2 * 2 + 5)  # one slot's up and down in bf16; one matrix's codes and int32 index
     assert work("h100-80gb", "bf16", True) - work("h100-80gb", "bf16", False) == 2 * float_row  # 2 caches
     assert work("h100-80gb", "bf16", True, batch=4) - work("h100-80gb", "bf16", False, batch=4) == 8 * float_row
     for precision in ("fp8", "nvfp4"):

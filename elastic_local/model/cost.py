@@ -95,8 +95,8 @@ class ArchShape:
         plus, when the precision is not native, one dequantized weight matrix in bf16, plus, for CUDA-graph
         decode steps of `graph_rows` rows in all, the routed experts' weights each row gathers
         (moe._experts_gathered): float ones, the up and down of all k at once; `packed` ones, one slot's
-        up and down dequantized, with 12 bytes an element of one matrix for the packed codes, their
-        index and the float32 values on the way. A graph's memory pool is its own for as long as it
+        up and down dequantized, with 5 bytes an element of one matrix for its gathered codes (at most
+        1) and their int32 table index (4). A graph's memory pool is its own for as long as it
         lives, beside the prefill's, and reuses those copies layer after layer.
         """
         a = act_bytes
@@ -111,7 +111,7 @@ class ArchShape:
         per_token = stream + max(mamba if self.mamba_layers else 0, moe, attn if self.attn_layers else 0, mlp)
         logits = logits_tokens * self.vocab_size * (a + 4)
         expert = self.hidden_size * self.moe_intermediate  # elements of one expert's up (or down)
-        gathered = graph_rows * expert * ((2 * a + 12) if packed else self.moe_topk * 2 * a)
+        gathered = graph_rows * expert * ((2 * a + 5) if packed else self.moe_topk * 2 * a)
         return tokens * per_token + logits + (2 * self.largest_linear() if dequant else 0) + gathered
 
 

@@ -139,6 +139,14 @@ class RowConcat:
         return torch.cat([linear(x, p) for p in self.parts], dim=-1)
 
 
+def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """torch.stack, with float8 tensors stacked as their bytes (every torch build stacks those)."""
+    dtype = tensors[0].dtype
+    if dtype.itemsize == 1 and dtype.is_floating_point:
+        return torch.stack([t.view(torch.uint8) for t in tensors]).view(dtype)
+    return torch.stack(tensors)
+
+
 class ExpertStack(list):
     """A MoE layer's packed experts (FP8 / NVFP4 weights, `elastic_local.quant`), each still its own weight
     (`stack[e]`), whose tensors are views of one stacked tensor per field. Why: a CUDA graph's MoE step
@@ -154,7 +162,7 @@ class ExpertStack(list):
             if type(w) is not type(first) or not all(isinstance(getattr(w, n), torch.Tensor) for n in names):
                 raise ValueError(f"expert {e} is a {type(w).__name__} unlike expert 0's {type(first).__name__}"
                                  f" ({', '.join(names)}): a layer's experts share one format to be stacked")
-        self.stacked = {n: torch.stack([getattr(w, n) for w in experts]) for n in names}
+        self.stacked = {n: _stack([getattr(w, n) for w in experts]) for n in names}
         super().__init__(dataclasses.replace(w, **{n: self.stacked[n][e] for n in names})
                          for e, w in enumerate(experts))
 

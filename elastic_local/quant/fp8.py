@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..model import gemv, step
 from ..model.cost import NATIVE_CAPABILITY
-from .linear import QuantizedWeight, finite_amax
+from .linear import QuantizedWeight, e4m3_values, expert_offsets, finite_amax
 
 E4M3_MAX = 448.0
 
@@ -35,8 +35,7 @@ def quantize_fp8(w: Tensor, name: str = "weight", weight_scale: Tensor | None = 
 def dequantize_fp8(weight: Tensor, weight_scale: Tensor, dtype: torch.dtype) -> Tensor:
     """One fp32 product per element, rounded once to `dtype`, looked up in a 256-entry table
     (torch's elementwise e4m3 cast is several times slower on CPUs)."""
-    e4m3 = torch.arange(256, dtype=torch.uint8, device=weight.device).view(torch.float8_e4m3fn)
-    table = (e4m3.float() * weight_scale).to(dtype)
+    table = (e4m3_values(weight.device) * weight_scale).to(dtype)
     return table.index_select(0, weight.view(torch.uint8).flatten().int()).view(weight.shape)
 
 
@@ -62,8 +61,11 @@ class FP8Weight(QuantizedWeight):
     @classmethod
     def dequantize_picked(cls, stacked: dict[str, Tensor], pick: Tensor, rows: int, cols: int,
                           dtype: torch.dtype) -> Tensor:
-        codes = stacked["weight"][:, :rows, :cols][pick]
-        return (codes.float() * stacked["weight_scale"][pick][:, None, None]).to(dtype)  # dequantize_fp8's
+        codes = stacked["weight"].view(torch.uint8)[:, :rows, :cols][pick]  # bytes: no float8 indexing needed
+        tables = (e4m3_values(codes.device) * stacked["weight_scale"][pick][:, None]).to(dtype)  # dequantize_fp8's
+        index = codes.int()
+        index += expert_offsets(len(pick), 256, codes.device)[:, None, None]
+        return tables.flatten().index_select(0, index.flatten()).view(codes.shape)
 
     def _kernel_fits(self) -> bool:
         out, k = self.shape

@@ -37,6 +37,16 @@ def finite_amax(w: Tensor, name: str) -> Tensor:
     return amax
 
 
+def e4m3_values(device: torch.device) -> Tensor:
+    """[256] fp32: the value of every e4m3 byte (only a cast of these 256 touches a float8 dtype)."""
+    return torch.arange(256, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn).float()
+
+
+def expert_offsets(n: int, entries: int, device: torch.device) -> Tensor:
+    """[n] int32: where each of n per-expert tables of `entries` rows starts in their concatenation."""
+    return entries * torch.arange(n, dtype=torch.int32, device=device)
+
+
 def to_blocked(scale: Tensor) -> Tensor:
     """Swizzle [rows, k/16] block scales into cuBLAS's 128x4 tile layout (zero-padded, flattened)."""
     rows, cols = scale.shape

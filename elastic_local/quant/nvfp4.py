@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..model import gemv, step
 from ..model.cost import NATIVE_CAPABILITY
-from .linear import TILE_ELEMENTS, QuantizedWeight, finite_amax, to_blocked
+from .linear import TILE_ELEMENTS, QuantizedWeight, e4m3_values, expert_offsets, finite_amax, to_blocked
 
 BLOCK = 16
 E2M1_MAX, E4M3_MAX = 6.0, 448.0
@@ -81,8 +81,7 @@ def dequantize_nvfp4(weight: Tensor, weight_scale: Tensor, weight_scale_2: Tenso
     Each element is e2m1 * (e4m3 * weight_scale_2) in fp32, rounded once to `dtype`. Only 256 x 256
     (block scale, byte) pairs exist, so a 256 KiB table of them makes dequantization a single gather.
     """
-    e4m3 = torch.arange(256, dtype=torch.uint8, device=weight.device).view(torch.float8_e4m3fn)
-    block_scales = e4m3.float() * weight_scale_2
+    block_scales = e4m3_values(weight.device) * weight_scale_2
     table = (_byte_values(weight.device) * block_scales[:, None, None]).to(dtype).flatten(0, 1)
     index = (weight_scale.view(torch.uint8).int() << 8).unsqueeze(-1) | weight.unflatten(-1, (-1, BLOCK // 2))
     return table.index_select(0, index.flatten()).view(*weight.shape[:-1], -1)
@@ -117,11 +116,15 @@ class NVFP4Weight(QuantizedWeight):
                           dtype: torch.dtype) -> Tensor:
         if cols % BLOCK:
             raise ValueError(f"NVFP4 input cut {cols} is not a multiple of {BLOCK} (the scale block)")
+        # dequantize_nvfp4's table and index, one table per picked expert (its own weight_scale_2)
         codes = stacked["weight"][:, :rows, : cols // 2][pick]
-        scales = stacked["weight_scale"][:, :rows, : cols // BLOCK][pick].float()
-        scales = scales * stacked["weight_scale_2"][pick][:, None, None]  # e4m3 x scale_2, as dequantize_nvfp4
-        values = _byte_values(codes.device)[codes.int()].view(*codes.shape[:-1], -1, BLOCK)
-        return (values * scales[..., None]).flatten(-2).to(dtype)
+        scales = stacked["weight_scale"].view(torch.uint8)[:, :rows, : cols // BLOCK][pick]
+        n, device = len(pick), codes.device
+        block_scales = e4m3_values(device) * stacked["weight_scale_2"][pick][:, None]  # [n, 256]
+        tables = (_byte_values(device) * block_scales[:, :, None, None]).to(dtype).flatten(0, 2)  # [n*65536, 2]
+        index = (scales.int() << 8).unsqueeze(-1) | codes.unflatten(-1, (-1, BLOCK // 2))
+        index += expert_offsets(n, 1 << 16, device)[:, None, None, None]
+        return tables.index_select(0, index.flatten()).view(n, rows, cols)
 
     def _kernel_fits(self) -> bool:
         out, k = self.shape
