@@ -182,6 +182,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"            {b['name']:<8} {_count(b['params']):>8} {_count(b['active_params']):>9} {by}  {sizes}")
     k = d["kernels"]
     print(f"  kernels   on {k['device']}: scan {k['mamba_scan']}, conv {k['mamba_conv']}, linear {k['linear']}")
+    print(f"            decode step: {k['decode_step']}")
     if "note" in k:
         print(f"            {k['note']}")
     return 0

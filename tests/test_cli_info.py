@@ -19,6 +19,20 @@ def test_info_json_counts_match_the_tensors_in_the_file(tmp_path, capsys):
     assert d["params"] - d["active_params"] == 2 * (8 - 2) * per_expert
     assert d["weights"]["bytes_on_disk"] >= 4 * d["params"]
     assert d["kernels"]["mamba_scan"] == "torch SSD reference"
+    assert d["kernels"]["decode_step"].startswith("in C, one call per token")  # x86 with a C compiler
+
+
+def test_info_names_cuda_graphs_as_the_decode_step_on_a_gpu(tmp_path, capsys, monkeypatch):
+    import torch
+
+    from elastic_local.model import kernels
+
+    make_checkpoint(tmp_path, seed=8)
+    monkeypatch.setattr(kernels, "_active", None)  # the kernel choice made under the patch is undone after
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    assert main(["info", str(tmp_path)]) == 0
+    assert "decode step: CUDA graphs, one per budget and cache" in capsys.readouterr().out
 
 
 def test_info_text_and_errors(tmp_path, capsys):

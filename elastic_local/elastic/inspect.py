@@ -62,8 +62,18 @@ def describe(path: str | Path) -> dict:
                                    if not name.startswith("mtp.")),
         }
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    out["kernels"] = {"device": device, **kernels.describe(device), "linear": _linear_kernel(precision, device)}
+    out["kernels"] = {"device": device, **kernels.describe(device), "linear": _linear_kernel(precision, device),
+                      "decode_step": _decode_step(device)}
     return out
+
+
+def _decode_step(device: str) -> str:
+    """What runs a one-token decode step by default on `device` (engine/load.py, model/nemotron_h.py)."""
+    if device == "cuda":
+        return "CUDA graphs, one per budget and cache (--no-cuda-graphs: eager)"
+    if gemv.library() is not None:
+        return "in C, one call per token for one sequence (model/step.c); several rows: torch"
+    return "torch (eager)"
 
 
 def _linear_kernel(precision: str, device: str) -> str:
