@@ -32,11 +32,14 @@ step env 30 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total,clo
 step tests 120 "$py" -m pytest -q -p no:cacheprovider -rs tests/test_gpu.py tests/test_cuda_graphs.py \
     tests/test_kernel_seam.py -k "not mamba_ssm"
 step graphs_f32 60 "$py" benchmarks/bench_cuda_graphs.py --configs 30m,100m --new-tokens 64 --reps 3
-step graphs_bf16 70 "$py" benchmarks/bench_cuda_graphs.py --configs 30m,100m --new-tokens 64 --reps 3 \
+step graphs_bf16 60 "$py" benchmarks/bench_cuda_graphs.py --configs 30m,100m --new-tokens 64 --reps 3 \
     --dtype bfloat16
-step bench_gpu 170 "$py" benchmarks/bench_gpu.py
-step cli 50 bash -c "$py -m elastic_local.cli info && $py -m elastic_local.cli fit &&
+step bench_gpu 160 "$py" benchmarks/bench_gpu.py
+step cli 80 bash -c "$py -m elastic_local.cli info && $py -m elastic_local.cli fit &&
   $py -m elastic_local.cli fit --context 131072 &&
-  $py -m elastic_local.cli generate --device cuda --prompt 'What is 17 + 25?' --max-think-tokens 64 --max-tokens 32"
+  $py -m elastic_local.cli generate --device cuda --prompt 'What is 17 + 25?' --max-think-tokens 64 --max-tokens 32 &&
+  $py -m elastic_local.cli generate --device cuda --precision fp8 --prompt 'What is 17 + 25?' --max-think-tokens 64 \
+    --max-tokens 32 && $py -m elastic_local.cli generate --device cuda --no-cuda-graphs --prompt 'What is 17 + 25?' \
+    --max-think-tokens 64 --max-tokens 32"
 step kernels 100 "$py" -m pytest -q -p no:cacheprovider -rs tests/test_gpu.py tests/test_cuda_graphs.py \
     -k "mamba_ssm or cuda_graph"
