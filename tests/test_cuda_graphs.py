@@ -6,6 +6,7 @@ The CPU cannot record a CUDA graph, so two properties are pinned here separately
   were by the recording) gives eager decoding's tokens and logits, with a recorder that replays the
   closure in torch. The GPU test runs the real recorder where there is a GPU."""
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -175,6 +176,23 @@ def test_a_step_that_fails_to_record_runs_eagerly_with_the_states_as_they_were(n
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert m.net.graphs == {m.budget("half"): None}
     assert "runs eagerly" in caplog.text
+
+
+def test_graphs_record_and_replay_on_the_gpu_their_tensors_live_on(nested, monkeypatch):
+    """A capture records the current device's stream only: a model on cuda:1 recorded while cuda:0 is
+    current would replay an empty graph (stale logits, silently). Recording and replay make the tensors'
+    device current (graphs.on)."""
+    picked = graphs.on(torch.device("cuda", 1))
+    assert isinstance(picked, torch.cuda.device) and picked.idx == 1
+    seen = []
+    monkeypatch.setattr(graphs, "on", lambda device: seen.append(device) or contextlib.nullcontext())
+    m = elastic_local.load(nested, dtype=torch.float32)
+    rec = Recorder()
+    m.net.capture_decode(record=rec)
+    prompts = [torch.randint(0, 96, (20,), generator=torch.Generator().manual_seed(3))]
+    with torch.inference_mode():
+        decode(m.net, m.budget("full"), prompts, 4)
+    assert rec.recorded == 1 and len(seen) == 1 + rec.replays and set(seen) == {torch.device("cpu")}
 
 
 def test_cuda_graphs_refuse_a_model_on_the_cpu_before_reading_weights(nested):

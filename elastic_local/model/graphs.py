@@ -21,6 +21,7 @@ writes of a step are idempotent.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -47,6 +48,13 @@ def cuda_record(run: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], to
     return graph.replay, out
 
 
+def on(device: torch.device):
+    """The GPU a graph records and replays on made current: a capture records only the current device's
+    stream, so a model on cuda:1 recorded while cuda:0 is current would record nothing and replay stale
+    logits. Nothing elsewhere (a stand-in recorder on the CPU)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 def bound_to(ids: torch.Tensor, states: list) -> tuple:
     """What a recording depends on: the batch, the KV capacity and the address of every state tensor."""
     tensors = [t for s in states if s is not None
@@ -69,7 +77,8 @@ class StepGraph:
         key, ids, lengths = bound_to(ids, states), ids.clone(), lengths.clone()
         saved = [(s, s.conv.clone(), s.ssm.clone()) for s in states if isinstance(s, MambaState)]
         try:
-            replay, logits = record(lambda: step(ids, lengths))
+            with on(ids.device):
+                replay, logits = record(lambda: step(ids, lengths))
         finally:
             for s, conv, ssm in saved:
                 s.conv.copy_(conv)
@@ -79,5 +88,6 @@ class StepGraph:
     def __call__(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         self.ids.copy_(ids)
         self.lengths.copy_(lengths)
-        self.replay()
+        with on(self.ids.device):
+            self.replay()
         return self.logits.clone()  # the buffer is rewritten by the next replay
