@@ -304,3 +304,22 @@ def test_the_engine_stays_exact_on_the_graph_step_across_a_live_switch(tmp_path,
     ids, tokens = generate_with_a_live_switch(m)
     assert assert_argmax(m, ids, tokens) >= len(tokens) - 2
     assert set(m.net.graphs) == {m.budget("full"), m.budget("small")} and rec.replays > 0
+
+
+@pytest.mark.parametrize("precision", [None, "fp8"])
+def test_chat_turns_on_the_graph_step_equal_fresh_eager_runs(tmp_path, precision):
+    """A chat reuses its caches across turns (a graph per budget and cache, kept while the cache lives):
+    each turn's tokens are those of a fresh eager generation over the same conversation."""
+    from gen_util import elastic_model
+
+    options = dict(think_budget="small", answer_budget="full", max_think_tokens=6, max_answer_tokens=5,
+                   ignore_eos=True, think_close="ok.")
+    eager = elastic_model(tmp_path, seed=5, precision=precision)
+    m = elastic_model(tmp_path, seed=5, precision=precision)
+    rec = Recorder()
+    m.net.capture_decode(record=rec)
+    chat = m.chat(system="be brief", **options)
+    for text in ("hi there", "what is the answer", "and then?"):
+        prompt = chat.prompt(chat.messages + [{"role": "user", "content": text}])[0]
+        assert chat.send(text).ids == eager.generate(prompt, **options).ids, text
+    assert rec.replays > 0
