@@ -126,6 +126,7 @@ class NemotronH:
         if record is graphs.cuda_record and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs record GPU kernels; this model is on {self.device}: load it on a "
                              "CUDA device (--device cuda), or leave CUDA graphs off")
+        self.c_steps.clear()  # a C step built before may read per-expert tensors the stacks below replace
         for i, layer in enumerate(self.layers):
             w = layer.mixer
             if isinstance(w, MoEWeights) and isinstance(w.up, list) and not isinstance(w.up, ExpertStack):
@@ -134,7 +135,6 @@ class NemotronH:
                 except ValueError as e:  # experts in several formats (a `keep` pattern that kept some)
                     log.warning("layer %d: %s; the decode step runs eagerly, without CUDA graphs", i, e)
                     return
-                self.c_steps.clear()  # a C step built before reads the per-expert tensors just freed
         self.graphs, self._record = {}, record
         self._seen: dict[Budget, tuple] = {}  # per budget, the cache (graphs.bound_to) of its last eager step
 

@@ -1,7 +1,7 @@
 /* One batch-1 decode step of a Nemotron-H block on the CPU, one function per block kind, and `decode_step`,
  * which runs a whole token through them (model/step.py builds the arguments once per budget and calls it;
- * gemv.c, built into the same library, does the products); at the end, parts of a prefill: the Mamba2 convolution and scan (model/kernels.py calls them) and the
- * routed experts (model/moe.py).
+ * gemv.c, built into the same library, does the products); at the end, parts of a prefill: the Mamba2
+ * convolution and scan (model/kernels.py calls them) and the routed experts (model/moe.py).
  *
  * Why: a decode step of a small model is a few thousand small torch ops whose dispatch costs more than
  * reading the weights (README, CPU decode kernels). Here a block is one call and one parallel region:

@@ -34,9 +34,14 @@ def quantize_fp8(w: Tensor, name: str = "weight", weight_scale: Tensor | None = 
 
 def dequantize_fp8(weight: Tensor, weight_scale: Tensor, dtype: torch.dtype) -> Tensor:
     """One fp32 product per element, rounded once to `dtype`, looked up in a 256-entry table
-    (torch's elementwise e4m3 cast is several times slower on CPUs)."""
-    table = (e4m3_values(weight.device) * weight_scale).to(dtype)
-    return table.index_select(0, weight.view(torch.uint8).flatten().int()).view(weight.shape)
+    (torch's elementwise e4m3 cast is several times slower on CPUs). `weight_scale`: a scalar, or one per
+    leading index of a stack of weights ([n] for [n, out, in]: one table each)."""
+    scales = weight_scale.reshape(-1, 1)
+    tables = (e4m3_values(weight.device) * scales).to(dtype)  # [1 or n, 256]
+    index = weight.view(torch.uint8).int()
+    if len(scales) > 1:
+        index += expert_offsets(len(scales), 256, weight.device).view(-1, *[1] * (weight.dim() - 1))
+    return tables.flatten().index_select(0, index.flatten()).view(weight.shape)
 
 
 @dataclass(eq=False)
@@ -62,10 +67,7 @@ class FP8Weight(QuantizedWeight):
     def dequantize_picked(cls, stacked: dict[str, Tensor], pick: Tensor, rows: int, cols: int,
                           dtype: torch.dtype) -> Tensor:
         codes = stacked["weight"].view(torch.uint8)[:, :rows, :cols][pick]  # bytes: no float8 indexing needed
-        tables = (e4m3_values(codes.device) * stacked["weight_scale"][pick][:, None]).to(dtype)  # dequantize_fp8's
-        index = codes.int()
-        index += expert_offsets(len(pick), 256, codes.device)[:, None, None]
-        return tables.flatten().index_select(0, index.flatten()).view(codes.shape)
+        return dequantize_fp8(codes, stacked["weight_scale"][pick], dtype)
 
     def _kernel_fits(self) -> bool:
         out, k = self.shape

@@ -80,11 +80,16 @@ def dequantize_nvfp4(weight: Tensor, weight_scale: Tensor, weight_scale_2: Tenso
 
     Each element is e2m1 * (e4m3 * weight_scale_2) in fp32, rounded once to `dtype`. Only 256 x 256
     (block scale, byte) pairs exist, so a 256 KiB table of them makes dequantization a single gather.
+    `weight_scale_2`: a scalar, or one per leading index of a stack of weights ([n] for [n, out, in/2]:
+    one table each).
     """
-    block_scales = e4m3_values(weight.device) * weight_scale_2
-    table = (_byte_values(weight.device) * block_scales[:, None, None]).to(dtype).flatten(0, 1)
+    device, scales_2 = weight.device, weight_scale_2.reshape(-1, 1)
+    block_scales = e4m3_values(device) * scales_2  # [1 or n, 256]
+    tables = (_byte_values(device) * block_scales[:, :, None, None]).to(dtype).flatten(0, 2)  # [.. x 65536, 2]
     index = (weight_scale.view(torch.uint8).int() << 8).unsqueeze(-1) | weight.unflatten(-1, (-1, BLOCK // 2))
-    return table.index_select(0, index.flatten()).view(*weight.shape[:-1], -1)
+    if len(scales_2) > 1:
+        index += expert_offsets(len(scales_2), 1 << 16, device).view(-1, *[1] * (index.dim() - 1))
+    return tables.index_select(0, index.flatten()).view(*weight.shape[:-1], -1)
 
 
 @dataclass(eq=False)
@@ -116,15 +121,9 @@ class NVFP4Weight(QuantizedWeight):
                           dtype: torch.dtype) -> Tensor:
         if cols % BLOCK:
             raise ValueError(f"NVFP4 input cut {cols} is not a multiple of {BLOCK} (the scale block)")
-        # dequantize_nvfp4's table and index, one table per picked expert (its own weight_scale_2)
         codes = stacked["weight"][:, :rows, : cols // 2][pick]
-        scales = stacked["weight_scale"].view(torch.uint8)[:, :rows, : cols // BLOCK][pick]
-        n, device = len(pick), codes.device
-        block_scales = e4m3_values(device) * stacked["weight_scale_2"][pick][:, None]  # [n, 256]
-        tables = (_byte_values(device) * block_scales[:, :, None, None]).to(dtype).flatten(0, 2)  # [n*65536, 2]
-        index = (scales.int() << 8).unsqueeze(-1) | codes.unflatten(-1, (-1, BLOCK // 2))
-        index += expert_offsets(n, 1 << 16, device)[:, None, None, None]
-        return tables.index_select(0, index.flatten()).view(n, rows, cols)
+        scales = stacked["weight_scale"].view(torch.uint8)[:, :rows, : cols // BLOCK][pick]  # bytes, as fp8's
+        return dequantize_nvfp4(codes, scales, stacked["weight_scale_2"][pick], dtype)
 
     def _kernel_fits(self) -> bool:
         out, k = self.shape
