@@ -116,19 +116,41 @@ def test_budget_prefix_views_stream_without_copies(quantize):
         torch.testing.assert_close(view.linear(x), ref, rtol=1e-5, atol=1e-5)
 
 
-def test_more_rows_than_a_decode_step_take_torch_matmul(monkeypatch):
+# (out, in) for the packed product: K over two panels of 256 rows with a tail, N over one group of eight
+# 24-wide blocks with a narrower last block, both below one block
+PACKED_SHAPES = [(200, 600), (23, 7), (1000, 40)]
+
+
+@pytest.mark.parametrize("rows", [gemv.MAX_ROWS + 1, 13, 130, 300])
+@pytest.mark.parametrize("shape", PACKED_SHAPES)
+def test_many_rows_on_transposed_float32_weights_and_views_equal_torch_matmul(shape, rows, threads):
+    """A prompt's projections (gemv.c's packed panels): row counts past one 128-row block of x and with
+    every tail of its 4-row tiles, the whole weight and a budget's strided view, uneven thread shares."""
+    from elastic_local.model.linear import Transposed
+
+    out, k = shape
+    t = Transposed.of(weight(shape, seed=5))
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    for view, xs in ((t, x), (t.block(out // 4, out - out // 8, (k + 1) // 2), x[:, :(k + 1) // 2])):
+        torch.testing.assert_close(view.linear(xs), xs @ view.t, rtol=1e-5, atol=1e-4)
+
+
+def test_decode_rows_take_the_matvec_and_more_rows_the_packed_product(monkeypatch):
+    """[in, out] float32 weights: up to MAX_ROWS rows the decode kernels, more the packed product (a
+    compiled step leaves them to inductor); [out, in] weights take torch's matmul past MAX_ROWS."""
     from elastic_local.model.linear import Transposed
 
     w = weight((64, 64))
     called = []
     monkeypatch.setattr(gemv, "matvec", lambda x, w, transposed=False: called.append((transposed, *x.shape))
                         or (x @ w if transposed else F.linear(x, w)))
+    monkeypatch.setattr(gemv, "matmul_t", lambda x, t: called.append(("packed", *x.shape)) or x @ t)
     for layout in (w, Transposed.of(w)):
         linear(torch.randn(gemv.MAX_ROWS, 64), layout)
         linear(torch.randn(gemv.MAX_ROWS + 1, 64), layout)
     w.requires_grad_(True)  # training: autograd needs torch's op
     linear(torch.randn(1, 64), w)
-    assert called == [(False, gemv.MAX_ROWS, 64), (True, gemv.MAX_ROWS, 64)]
+    assert called == [(False, gemv.MAX_ROWS, 64), (True, gemv.MAX_ROWS, 64), ("packed", gemv.MAX_ROWS + 1, 64)]
 
 
 def test_a_missing_compiler_warns_and_torch_runs(monkeypatch, tmp_path):

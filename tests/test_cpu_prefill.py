@@ -127,12 +127,12 @@ def expert_weights(E, I, d, seed=0):
     return moe.MoEWeights(torch.randn(E, d), torch.zeros(E), Transposed.of(up), Transposed.of(down), None, None)
 
 
-@pytest.mark.parametrize("experts,channels,d", [(8, 48, 32), (6, 40, 32), (8, 9, 20)])
+@pytest.mark.parametrize("experts,channels,d", [(8, 48, 32), (6, 40, 32), (8, 9, 20), (7, 30, 300)])
 @pytest.mark.parametrize("n", [1, 3, 29])
 def test_the_routed_experts_sum_what_the_grouped_torch_path_sums(experts, channels, d, n, threads):
-    """Budget views (fewer experts, channels and inputs than resident), 16-column blocks with narrower last
-    ones, row tiles of 1-4, experts that got no token."""
-    w = expert_weights(8, 48, 32)
+    """Budget views (fewer experts, channels and inputs than resident), 24-column blocks with narrower last
+    ones, row tiles of 1-4, inputs over two 256-row panels, experts that got no token."""
+    w = expert_weights(8, 48, 320)
     g = torch.Generator().manual_seed(n)
     flat = torch.randn(n, d, generator=g)
     ids = torch.stack([torch.randperm(experts - 2, generator=g)[:3] for _ in range(n)])  # the last two: none

@@ -183,54 +183,118 @@ static inline void decode_bf16(const uint16_t *w, int64_t K, float *out) {
 }
 
 /* ------------------------------------------------------------------------------------------------------
- * Many rows of x (a prompt's projections, an expert's tokens): the weight is decoded 16 rows at a time,
- * its scale folded in, into a panel P [K, 16], and 4 x 16 register tiles run over the rows of x: each
- * decode serves every row of x, and each load of the panel serves four of them (the per-row dot products
- * load a weight value for every multiply). */
+ * Many rows of x (a prompt's projections, an expert's tokens): the blocked product of BLIS and GotoBLAS.
+ * 24 outputs' weights, KC inputs at a time, lie in an aligned panel [KC, 24] that stays in L1, and 4 x 24
+ * register tiles run over every row of x against it, adding the next KC inputs' panel into the same
+ * outputs. Float32 weights kept transposed (T [K, ldt], a budget's view strided: a power-of-two ldt would
+ * map all of a panel's rows onto one cache set) are copied into panels; the other formats are decoded
+ * into them, their scale folded in. On this project's 2-core AMD EPYC (Zen 1) MKL's sgemm reaches about
+ * half of the cores' FMA rate on prefill shapes; these panels 1.0-1.3x it (README, "Prefill products"). */
 
-/* c[r, 0:16] = sum_k a[r, k] b[k, 0:16] for r < rows (a row-major, b's rows ldb apart): a 4 x 16
-   register tile, 8 FMAs per k against 2 loads of b and 4 broadcasts of a. */
-static inline __attribute__((always_inline)) void tile(int rows, const float *a, int64_t lda, const float *b,
-                                                       int64_t ldb, int64_t K, float *c, int64_t ldc) {
-    __m256 acc[4][2];
-    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k++) {
-        const __m256 b0 = _mm256_loadu_ps(b + k * ldb), b1 = _mm256_loadu_ps(b + k * ldb + 8);
-        for (int r = 0; r < rows; r++) {
+#define KC 256 /* panel rows: 24 x 256 floats = 24 KiB, within a 32 KiB L1 beside four rows of x */
+
+/* c[r, 0:24] (+)= sum_k a[r, k] p[k, 0:24], r < R (a's rows lda apart), p packed [kc, 24]: twelve
+   accumulators, 12 FMAs per k against 3 loads of p and 4 broadcasts of a (6 x 16 tiles: 1.0-1.1x slower) */
+static inline __attribute__((always_inline)) void tile_packed(int R, const float *a, int64_t lda, const float *p,
+                                                              int64_t kc, float *c, int64_t ldc, int add) {
+    __m256 acc[4][3];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < 3; v++) acc[r][v] = add ? _mm256_loadu_ps(c + r * ldc + 8 * v) : _mm256_setzero_ps();
+    for (int64_t k = 0; k < kc; k++) {
+        const __m256 b0 = _mm256_load_ps(p + 24 * k), b1 = _mm256_load_ps(p + 24 * k + 8),
+                     b2 = _mm256_load_ps(p + 24 * k + 16);
+        for (int r = 0; r < R; r++) {
             const __m256 ar = _mm256_broadcast_ss(a + r * lda + k);
             acc[r][0] = _mm256_fmadd_ps(ar, b0, acc[r][0]);
             acc[r][1] = _mm256_fmadd_ps(ar, b1, acc[r][1]);
+            acc[r][2] = _mm256_fmadd_ps(ar, b2, acc[r][2]);
         }
     }
-    for (int r = 0; r < rows; r++) {
-        _mm256_storeu_ps(c + r * ldc, acc[r][0]);
-        _mm256_storeu_ps(c + r * ldc + 8, acc[r][1]);
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < 3; v++) _mm256_storeu_ps(c + r * ldc + 8 * v, acc[r][v]);
+}
+
+/* Every row of a over one panel, four at a time, the last ones on a tile of their own count. */
+static void over_rows(int64_t m, const float *a, int64_t lda, const float *p, int64_t kc, float *c, int64_t ldc,
+                      int add) {
+    int64_t i = 0;
+    for (; i + 4 <= m; i += 4) tile_packed(4, a + i * lda, lda, p, kc, c + i * ldc, ldc, add);
+    a += i * lda, c += i * ldc;
+    switch (m - i) {
+    case 1: tile_packed(1, a, lda, p, kc, c, ldc, add); break;
+    case 2: tile_packed(2, a, lda, p, kc, c, ldc, add); break;
+    case 3: tile_packed(3, a, lda, p, kc, c, ldc, add); break;
     }
 }
 
-/* c [m, cols] = a [m, K] b [K, cols], cols <= 16: whole tiles, or plain loops for a last, narrower column
-   block. */
-void gemm_cols(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t K, float *c, int64_t ldc,
-               int64_t m, int64_t cols) {
-    for (int64_t r = 0; r < m; r += 4) {
-        const float *ar = a + r * lda;
-        float *cr = c + r * ldc;
-        if (cols < 16) {
-            for (int64_t q = r; q < m && q < r + 4; q++)
-                for (int64_t j = 0; j < cols; j++) {
-                    float t = 0.f;
-                    for (int64_t k = 0; k < K; k++) t += a[q * lda + k] * b[k * ldb + j];
-                    c[q * ldc + j] = t;
+/* y[:m, :cols] (+)= x[:m, :kc] p (x's rows ldx apart, y's ldy) for one panel p [kc, 24]: a block of fewer
+   than 24 outputs runs through c (4 x 24 floats), four rows at a time. */
+static void panel_product(const float *x, int64_t ldx, int64_t m, const float *p, int64_t kc, float *y,
+                          int64_t ldy, int64_t cols, int add, float *c) {
+    if (cols == 24) {
+        over_rows(m, x, ldx, p, kc, y, ldy, add);
+        return;
+    }
+    for (int64_t i = 0; i < m; i += 4) {
+        const int64_t r = m - i < 4 ? m - i : 4;
+        for (int64_t q = 0; q < r; q++)
+            for (int64_t j = 0; j < 24; j++) c[q * 24 + j] = add && j < cols ? y[(i + q) * ldy + j] : 0.f;
+        over_rows(r, x + i * ldx, ldx, p, kc, c, 24, add);
+        for (int64_t q = 0; q < r; q++) memcpy(y + (i + q) * ldy, c + q * 24, sizeof(float) * cols);
+    }
+}
+
+/* y[:, c0:c1] = x [M, K] T[:, c0:c1] (y's rows N apart, T's ldt), NB blocks of 24 outputs at a time: their
+   KC rows of T are copied into NB panels row by row (NB x 24 contiguous floats a row, a stream the
+   prefetcher follows; panel by panel, every row of T is 96 bytes after a jump, a miss each, and those
+   misses cost as much as the products of 128 rows of x), then MC rows of x at a time (they stay in L2
+   beside the panels) run over each panel. `P`: PACKED_SCRATCH floats, 32-byte aligned. */
+#define NB 8
+#define MC 128
+#define PACKED_SCRATCH (NB * KC * 24 + 4 * 24)
+void gemm_t_part(const float *x, const float *t, int64_t ldt, float *y, int64_t M, int64_t N, int64_t K,
+                 int64_t c0, int64_t c1, float *P) {
+    for (int64_t n0 = c0; n0 < c1; n0 += NB * 24) {
+        const int64_t n1 = n0 + NB * 24 < c1 ? n0 + NB * 24 : c1;
+        for (int64_t k0 = 0; k0 < K; k0 += KC) {
+            const int64_t kc = K - k0 < KC ? K - k0 : KC;
+            for (int64_t k = 0; k < kc; k++) {
+                const float *src = t + (k0 + k) * ldt;
+                for (int64_t n = n0; n < n1; n += 24) {
+                    float *p = P + (n - n0) * kc + 24 * k;
+                    if (n1 - n >= 24) {
+                        for (int v = 0; v < 3; v++) _mm256_store_ps(p + 8 * v, _mm256_loadu_ps(src + n + 8 * v));
+                    } else {
+                        for (int64_t j = 0; j < 24; j++) p[j] = n + j < n1 ? src[n + j] : 0.f;
+                    }
                 }
-            continue;
-        }
-        switch (m - r < 4 ? m - r : 4) { /* one specialised tile per row count */
-        case 1: tile(1, ar, lda, b, ldb, K, cr, ldc); break;
-        case 2: tile(2, ar, lda, b, ldb, K, cr, ldc); break;
-        case 3: tile(3, ar, lda, b, ldb, K, cr, ldc); break;
-        default: tile(4, ar, lda, b, ldb, K, cr, ldc);
+            }
+            for (int64_t m0 = 0; m0 < M; m0 += MC)
+                for (int64_t n = n0; n < n1; n += 24)
+                    panel_product(x + m0 * K + k0, K, M - m0 < MC ? M - m0 : MC, P + (n - n0) * kc, kc,
+                                  y + m0 * N + n, N, n1 - n < 24 ? n1 - n : 24, k0 > 0, P + NB * KC * 24);
         }
     }
+}
+
+/* y [M, N] = x [M, K] T[:, :N]: each thread takes a share of the blocks of 24 outputs. */
+int gemm_t_f32(const float *x, const float *t, float *y, int64_t M, int64_t N, int64_t K, int64_t ldt,
+               int threads) {
+    int failed = 0;
+    #pragma omp parallel num_threads(threads) if (M * N * K >= 1 << 20) reduction(|| : failed)
+    {
+        int64_t parts = 1, part = 0;
+#ifdef _OPENMP
+        parts = omp_get_num_threads(), part = omp_get_thread_num();
+#endif
+        const int64_t blocks = (N + 23) / 24, per = (blocks + parts - 1) / parts;
+        const int64_t c0 = part * per * 24 < N ? part * per * 24 : N, c1 = c0 + per * 24 < N ? c0 + per * 24 : N;
+        float *P = aligned_alloc(32, sizeof(float) * PACKED_SCRATCH);
+        failed = !P;
+        if (P) gemm_t_part(x, t, ldt, y, M, N, K, c0, c1, P);
+        free(P);
+    }
+    return failed ? -1 : 0;
 }
 
 enum { PANEL_F32, PANEL_BF16, PANEL_FP8, PANEL_NVFP4 };
@@ -245,29 +309,29 @@ static void decode_row(int format, const void *w, const uint8_t *scales, int64_t
     }
 }
 
-/* y[:, n0:n1] = x W[n0:n1]^T * scale, W's rows ldw bytes apart (NVFP4's scales lds bytes); returns 0 where
-   the panel could not be allocated, and the caller takes the dot products. */
+/* y[:, n0:n1] = x W[n0:n1]^T * scale, W's rows ldw bytes apart (NVFP4's scales lds bytes): 24 weight rows at
+   a time decoded, the scale folded in, into a panel P [K, 24], which gemm_t_part's tiles then run over, KC
+   rows of it at a time (each decode serves every row of x, each load of the panel four of them). Returns 0
+   where the panel could not be allocated, and the caller takes the dot products. */
 static int panels(int format, const float *x, const void *w, const uint8_t *scales, float *y, int64_t M,
                   int64_t N, int64_t K, int64_t ldw, int64_t lds, float scale, int64_t n0, int64_t n1) {
-    float *P = malloc(sizeof(float) * (16 * K + K + 16 * M));
+    float *P = aligned_alloc(32, sizeof(float) * ((24 * K + K + 4 * 24 + 7) / 8 * 8));
     if (!P) return 0;
-    float *row = P + 16 * K, *c = row + K;
-    for (int64_t n = n0; n < n1; n += 16) {
-        const int64_t cols = n1 - n < 16 ? n1 - n : 16;
-        for (int64_t j = 0; j < 16; j++) {
+    float *row = P + 24 * K, *c = row + K;
+    for (int64_t n = n0; n < n1; n += 24) {
+        const int64_t cols = n1 - n < 24 ? n1 - n : 24;
+        for (int64_t j = 0; j < 24; j++) {
             if (j < cols) {
                 decode_row(format, (const uint8_t *)w + (n + j) * ldw, scales ? scales + (n + j) * lds : NULL, K, row);
-                for (int64_t k = 0; k < K; k++) P[k * 16 + j] = row[k] * scale;
+                for (int64_t k = 0; k < K; k++) P[k * 24 + j] = row[k] * scale;
             } else {
-                for (int64_t k = 0; k < K; k++) P[k * 16 + j] = 0.f;
+                for (int64_t k = 0; k < K; k++) P[k * 24 + j] = 0.f;
             }
         }
-        if (cols == 16) {
-            gemm_cols(x, K, P, 16, K, y + n, N, M, 16);
-        } else { /* a last, narrower block: whole tiles into c, then its columns */
-            gemm_cols(x, K, P, 16, K, c, 16, M, 16);
-            for (int64_t m = 0; m < M; m++) memcpy(y + m * N + n, c + m * 16, sizeof(float) * cols);
-        }
+        for (int64_t m0 = 0; m0 < M; m0 += MC)
+            for (int64_t k0 = 0; k0 < K; k0 += KC)
+                panel_product(x + m0 * K + k0, K, M - m0 < MC ? M - m0 : MC, P + 24 * k0, K - k0 < KC ? K - k0 : KC,
+                              y + m0 * N + n, N, cols, k0 > 0, c);
     }
     free(P);
     return 1;

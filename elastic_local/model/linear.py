@@ -112,8 +112,11 @@ class Transposed:
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         t = self.t
-        if t.dtype == torch.float32 and t.stride(1) == 1 and gemv.usable(x):
-            return gemv.matvec(x, t, transposed=True)
+        if t.dtype == torch.float32 and t.stride(1) == 1 and gemv.usable(x, max_rows=1 << 62):
+            if gemv.usable(x):
+                return gemv.matvec(x, t, transposed=True)
+            if not torch.compiler.is_compiling():
+                return gemv.matmul_t(x, t)
         return x @ t
 
 

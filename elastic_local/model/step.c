@@ -27,8 +27,9 @@ void part_t_f32(const float *, const float *, float *, int64_t, int64_t, int64_t
 void part_bf16(const float *, const uint16_t *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
 void part_fp8(const float *, const uint8_t *, float *, int64_t, int64_t, int64_t, int64_t, float, int64_t, int64_t);
 void permute_nvfp4(const float *x, float *xp, int64_t MK);
-void gemm_cols(const float *a, int64_t lda, const float *b, int64_t ldb, int64_t K, float *c, int64_t ldc,
-               int64_t m, int64_t cols);
+void gemm_t_part(const float *x, const float *t, int64_t ldt, float *y, int64_t M, int64_t N, int64_t K,
+                 int64_t c0, int64_t c1, float *P);
+#define PACKED_SCRATCH (8 * 256 * 24 + 4 * 24) /* gemv.c's */
 void part_nvfp4(const float *, const uint8_t *, const uint8_t *, float *, int64_t, int64_t, int64_t, int64_t,
                 int64_t, float, int64_t, int64_t);
 
@@ -618,17 +619,17 @@ int ssm_scan(const float *x, const int64_t *xs, const float *dt, const int64_t *
 
 /* ------------------------------------------------------------------- MoE experts over a prompt */
 
-/* Outputs [c0, c1) of y [m, N] (rows N apart) = x [m, K] W^T for any weight format (x permuted for
-   NVFP4, permute_nvfp4): float32 [in, out] on the tiles, the others on gemv.c's kernels, which decode each
-   weight row once for all m rows. */
-static void rows_product(const weight *w, const float *x, int64_t m, float *y, int64_t c0, int64_t c1) {
+/* y [m, N] = x [m, K] W^T for any weight format (x permuted for NVFP4, permute_nvfp4), on gemv.c's panels:
+   float32 [in, out] copied into them (`scratch`: PACKED_SCRATCH floats), the others decoded into them
+   (from 4 rows; fewer take the dot products). */
+static void rows_product(const weight *w, const float *x, int64_t m, float *y, float *scratch) {
     const int64_t N = w->out, K = w->in;
     switch (w->format) {
-    case TRANSPOSED_F32: gemm_cols(x, K, (const float *)w->w + c0, w->ld, K, y + c0, N, m, c1 - c0); break;
-    case ROWS_F32: part_f32(x, w->w, y, m, N, K, w->ld, c0, c1); break;
-    case ROWS_BF16: part_bf16(x, w->w, y, m, N, K, w->ld, c0, c1); break;
-    case FP8: part_fp8(x, w->w, y, m, N, K, w->ld, w->scale, c0, c1); break;
-    case NVFP4: part_nvfp4(x, w->w, w->scales, y, m, N, K, w->ld, w->ld_scales, w->scale, c0, c1);
+    case TRANSPOSED_F32: gemm_t_part(x, w->w, w->ld, y, m, N, K, 0, N, scratch); break;
+    case ROWS_F32: part_f32(x, w->w, y, m, N, K, w->ld, 0, N); break;
+    case ROWS_BF16: part_bf16(x, w->w, y, m, N, K, w->ld, 0, N); break;
+    case FP8: part_fp8(x, w->w, y, m, N, K, w->ld, w->scale, 0, N); break;
+    case NVFP4: part_nvfp4(x, w->w, w->scales, y, m, N, K, w->ld, w->ld_scales, w->scale, 0, N);
     }
 }
 
@@ -638,16 +639,18 @@ static void rows_product(const weight *w, const float *x, int64_t m, float *y, i
  * gather and a scatter (on the CPU the experts' matmuls of a few dozen rows reach half the speed of one
  * large one, and a layer's other ops cost as much again); here the (token, expert) pairs are sorted by
  * expert once, every expert's up product runs in one parallel loop and every down product in another,
- * over blocks of 16 outputs. x [n, d] contiguous. */
+ * an expert at a time (its weight panels serve all of its rows). x [n, d] contiguous. */
 int experts_prefill(const float *x, int64_t n, int64_t d, const int64_t *ids, const float *wts, int64_t k,
                     int64_t E, const weight *up, const weight *down, int64_t I, float *out, int threads) {
-    const int64_t S = n * k, ub = (I + 15) / 16, db = (d + 15) / 16, wide = d > I ? d : I;
+    const int64_t S = n * k, wide = d > I ? d : I;
     const int permute_up = up[0].format == NVFP4, permute_down = down[0].format == NVFP4;
     int64_t *start = malloc(sizeof(int64_t) * (2 * (E + 1) + 2 * S));
     float *X = malloc(sizeof(float) * S * (2 * d + I + (permute_up || permute_down ? wide : 0)));
-    if (!start || !X) {
+    float *scratches = aligned_alloc(32, sizeof(float) * PACKED_SCRATCH * (threads > 0 ? threads : 1));
+    if (!start || !X || !scratches) {
         free(start);
         free(X);
+        free(scratches);
         return -1;
     }
     int64_t *next = start + E + 1, *row_of = next + E + 1, *token_of = row_of + S; /* sorted rows <-> pairs */
@@ -663,28 +666,31 @@ int experts_prefill(const float *x, int64_t n, int64_t d, const int64_t *ids, co
     const float *up_in = permute_up ? P : X, *down_in = permute_down ? P : H;
     #pragma omp parallel num_threads(threads)
     {
+        float *scratch = scratches;
+#ifdef _OPENMP
+        scratch += PACKED_SCRATCH * omp_get_thread_num();
+#endif
         #pragma omp for schedule(static)
         for (int64_t q = 0; q < S; q++) {
             memcpy(X + q * d, x + token_of[q] * d, sizeof(float) * d);
             if (permute_up) permute_nvfp4(X + q * d, P + q * d, d);
         }
         #pragma omp for schedule(dynamic, 1)
-        for (int64_t u = 0; u < E * ub; u++) {
-            const int64_t e = u / ub, c = u % ub * 16, c1 = c + 16 < I ? c + 16 : I, m = start[e + 1] - start[e];
+        for (int64_t e = 0; e < E; e++) { /* an expert at a time: its panels serve all of its rows */
+            const int64_t m = start[e + 1] - start[e];
             if (!m) continue;
             float *h = H + start[e] * I;
-            rows_product(&up[e], up_in + start[e] * d, m, h, c, c1);
-            for (int64_t r = 0; r < m; r++)
-                for (int64_t j = c; j < c1; j++) h[r * I + j] = h[r * I + j] > 0.f ? h[r * I + j] * h[r * I + j] : 0.f;
+            rows_product(&up[e], up_in + start[e] * d, m, h, scratch);
+            for (int64_t j = 0; j < m * I; j++) h[j] = h[j] > 0.f ? h[j] * h[j] : 0.f;
         }
         if (permute_down) {
             #pragma omp for schedule(static)
             for (int64_t q = 0; q < S; q++) permute_nvfp4(H + q * I, P + q * I, I);
         }
         #pragma omp for schedule(dynamic, 1)
-        for (int64_t u = 0; u < E * db; u++) {
-            const int64_t e = u / db, c = u % db * 16, c1 = c + 16 < d ? c + 16 : d, m = start[e + 1] - start[e];
-            if (m) rows_product(&down[e], down_in + start[e] * I, m, Y + start[e] * d, c, c1);
+        for (int64_t e = 0; e < E; e++) {
+            const int64_t m = start[e + 1] - start[e];
+            if (m) rows_product(&down[e], down_in + start[e] * I, m, Y + start[e] * d, scratch);
         }
         #pragma omp for schedule(static)
         for (int64_t t = 0; t < n; t++)
@@ -696,5 +702,6 @@ int experts_prefill(const float *x, int64_t n, int64_t d, const int64_t *ids, co
     }
     free(start);
     free(X);
+    free(scratches);
     return 0;
 }
