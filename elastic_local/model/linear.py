@@ -75,8 +75,8 @@ def linear(x: torch.Tensor, w) -> torch.Tensor:
 
 class Transposed:
     """A float weight [.., out, in] kept as its transpose [.., in, out] (contiguous) for CPU inference
-    (engine/load.cpu_layout). Decode-sized inputs run on the decode kernels' gemv_t_f32 (gemv.py), others
-    on torch's `x @ t`.
+    (engine/load.cpu_layout). Decode-sized inputs run on the decode kernels' gemv_t_f32 (gemv.py), more
+    rows (a prompt) on their packed-panel product (gemv.matmul_t), elsewhere torch's `x @ t`.
 
     Batch-1 decode is matrix-vector products over the weights, so its speed is the speed at which the
     matmul streams them. `x @ t` walks the rows of t (one input channel's outputs each); a budget's view
@@ -112,10 +112,10 @@ class Transposed:
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         t = self.t
-        if t.dtype == torch.float32 and t.stride(1) == 1 and gemv.usable(x, max_rows=1 << 62):
+        if t.dtype == torch.float32 and t.stride(1) == 1 and x.device.type == "cpu" and gemv.library() is not None:
             if gemv.usable(x):
                 return gemv.matvec(x, t, transposed=True)
-            if not torch.compiler.is_compiling():
+            if not torch.compiler.is_compiling():  # a compiled step's larger batches: inductor's choice
                 return gemv.matmul_t(x, t)
         return x @ t
 
