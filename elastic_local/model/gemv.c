@@ -1,5 +1,6 @@
-/* Matrix-vector products for batch-1 decode on x86 CPUs with AVX2, FMA and F16C (model/gemv.py builds
- * and loads this file; everything else falls back to torch's matmul).
+/* Matrix-vector products for batch-1 decode on x86 CPUs with AVX2, FMA and F16C, and the blocked product
+ * a prompt's many rows take (section "Many rows of x"); model/gemv.py builds and loads this file,
+ * everything else falls back to torch's matmul.
  *
  * y[m, n] = sum_k x[m, k] * W[n, k] for m < M, n < N, k < K. W's rows lie `ldw` elements (bytes for
  * the packed formats) apart, so an elastic budget's prefix view W[r0:r1, :K] of a wider weight streams
@@ -19,7 +20,7 @@
  * its cache and adds eight rows of T at a time into them (four with several rows of x): eight streams,
  * no horizontal sums.
  * With one row of x the decode feeds the products directly; with two or three, each weight row is
- * decoded once into a scratch row that every row of x then reads; from four, 16 weight rows at a time are
+ * decoded once into a scratch row that every row of x then reads; from four, 24 weight rows at a time are
  * decoded into a panel that register tiles run over (the section "Many rows of x").
  */
 #include <immintrin.h>

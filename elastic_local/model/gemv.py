@@ -4,7 +4,9 @@ Batch-1 decode reads every weight once per token, so its speed is the speed at w
 the weights. torch has no CPU matmul for FP8 / NVFP4 weights (they dequantize a tile at a time, 0.26-0.59x
 of BF16 although they read 2-3.5x fewer bytes), and its matrix-vector products lose speed on the strided
 row-prefix views smaller budgets cut and, on CPUs without bf16 instructions, on bf16 weights. gemv.c reads
-each format as stored, prefix views included, and decodes the packed ones in registers.
+each format as stored, prefix views included, and decodes the packed ones in registers. A prompt's
+products (many rows of x) run on its packed panels (`matmul_t`): MKL's sgemm reaches half of the FMA rate
+of this project's AMD CPU on them.
 
 The library is built once per source version into the user's cache dir (`paths.cache_dir()/kernels`):
 `$CC` or `cc`, AVX2 + FMA + F16C, OpenMP (torch's own runtime, already loaded). Any other CPU, a missing
@@ -35,12 +37,13 @@ ENV = "ELASTIC_LOCAL_CPU_GEMV"  # "0": never build or use the kernels
 # parts of a Mamba2 prefill (model/kernels.py) and a prefill's routed experts (model/moe.py)
 SOURCES = [Path(__file__).with_name(name) for name in ("gemv.c", "step.c")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fPIC", "-shared"]
-# Rows of x the kernels take: float weights up to MAX_ROWS (past that, torch's matmul, which reuses what
-# it loads across rows, is faster); packed weights up to MAX_PACKED_ROWS, a prefill chunk (cost.py). From
-# 4 rows the packed kernels decode 16 weight rows at a time into a panel and run register tiles over x,
-# where torch's path dequantizes whole tiles first: measured on 2 threads, FP8 / NVFP4, against that path
-# (scratch, 3608x768): 16 rows 4.1 / 4.6x, 128 rows 2.0 / 1.7x, 512 rows 1.6 / 1.2x, 2048 rows 1.0 / 1.05x,
-# and against torch's float32 matmul of the same shape 0.8-1.2x.
+# Rows of x the decode kernels take: float weights up to MAX_ROWS (past that, float32 [in, out] weights take
+# the packed panels, `matmul_t`, any other float weight torch's matmul); packed weights up to
+# MAX_PACKED_ROWS, a prefill chunk (cost.py). From 4 rows the packed kernels decode 24 weight rows at a
+# time into a panel and run register tiles over x, where torch's path dequantizes whole tiles first:
+# measured on 2 threads, FP8 / NVFP4, against that path (scratch, 3608x768, 16-row panels): 16 rows
+# 4.1 / 4.6x, 128 rows 2.0 / 1.7x, 512 rows 1.6 / 1.2x, 2048 rows 1.0 / 1.05x, and against torch's float32
+# matmul of the same shape 0.8-1.2x.
 MAX_ROWS = 4
 MAX_PACKED_ROWS = 1024
 
