@@ -72,7 +72,11 @@ def test_fp8_and_nvfp4_equal_the_dequantized_matmul(shape, rows):
         assert q.kernel_name("cpu", rows=gemv.MAX_PACKED_ROWS + 1) == "dequant_matmul"
         ref = F.linear(x, q.dequantize(torch.float32))
         torch.testing.assert_close(q.linear(x), ref, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(q.linear(x.bfloat16()), ref.bfloat16(), rtol=1e-2, atol=1e-2)
+        # bf16 activations against the product of the same rounded inputs: against the float32 inputs'
+        # product, rounding x alone reached 1.02x this bound over 80 random inputs (a flaky failure)
+        xb = x.bfloat16()
+        torch.testing.assert_close(q.linear(xb), F.linear(xb.float(), q.dequantize(torch.float32)).bfloat16(),
+                                   rtol=1e-2, atol=1e-2)
 
 
 def test_every_fp8_code_and_nvfp4_code_decodes_exactly():

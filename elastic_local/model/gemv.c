@@ -190,7 +190,8 @@ static inline void decode_bf16(const uint16_t *w, int64_t K, float *out) {
  * outputs. Float32 weights kept transposed (T [K, ldt], a budget's view strided: a power-of-two ldt would
  * map all of a panel's rows onto one cache set) are copied into panels; the other formats are decoded
  * into them, their scale folded in. On this project's 2-core AMD EPYC (Zen 1) MKL's sgemm reaches about
- * half of the cores' FMA rate on prefill shapes; these panels 1.0-1.3x it (README, "Prefill products"). */
+ * half of the cores' FMA rate on prefill shapes; these panels 1.0-1.3x it (README, "Prefill products on
+ * packed panels"). */
 
 #define KC 256 /* panel rows: 24 x 256 floats = 24 KiB, within a 32 KiB L1 beside four rows of x */
 
@@ -253,6 +254,7 @@ static void panel_product(const float *x, int64_t ldx, int64_t m, const float *p
 #define NB 8
 #define MC 128
 #define PACKED_SCRATCH (NB * KC * 24 + 4 * 24)
+const int64_t gemm_t_scratch = PACKED_SCRATCH; /* for step.c's experts */
 void gemm_t_part(const float *x, const float *t, int64_t ldt, float *y, int64_t M, int64_t N, int64_t K,
                  int64_t c0, int64_t c1, float *P) {
     for (int64_t n0 = c0; n0 < c1; n0 += NB * 24) {

@@ -29,7 +29,7 @@ void part_fp8(const float *, const uint8_t *, float *, int64_t, int64_t, int64_t
 void permute_nvfp4(const float *x, float *xp, int64_t MK);
 void gemm_t_part(const float *x, const float *t, int64_t ldt, float *y, int64_t M, int64_t N, int64_t K,
                  int64_t c0, int64_t c1, float *P);
-#define PACKED_SCRATCH (8 * 256 * 24 + 4 * 24) /* gemv.c's */
+extern const int64_t gemm_t_scratch; /* floats of gemm_t_part's P */
 void part_nvfp4(const float *, const uint8_t *, const uint8_t *, float *, int64_t, int64_t, int64_t, int64_t,
                 int64_t, float, int64_t, int64_t);
 
@@ -620,7 +620,7 @@ int ssm_scan(const float *x, const int64_t *xs, const float *dt, const int64_t *
 /* ------------------------------------------------------------------- MoE experts over a prompt */
 
 /* y [m, N] = x [m, K] W^T for any weight format (x permuted for NVFP4, permute_nvfp4), on gemv.c's panels:
-   float32 [in, out] copied into them (`scratch`: PACKED_SCRATCH floats), the others decoded into them
+   float32 [in, out] copied into them (`scratch`: gemm_t_scratch floats), the others decoded into them
    (from 4 rows; fewer take the dot products). */
 static void rows_product(const weight *w, const float *x, int64_t m, float *y, float *scratch) {
     const int64_t N = w->out, K = w->in;
@@ -646,7 +646,7 @@ int experts_prefill(const float *x, int64_t n, int64_t d, const int64_t *ids, co
     const int permute_up = up[0].format == NVFP4, permute_down = down[0].format == NVFP4;
     int64_t *start = malloc(sizeof(int64_t) * (2 * (E + 1) + 2 * S));
     float *X = malloc(sizeof(float) * S * (2 * d + I + (permute_up || permute_down ? wide : 0)));
-    float *scratches = aligned_alloc(32, sizeof(float) * PACKED_SCRATCH * (threads > 0 ? threads : 1));
+    float *scratches = aligned_alloc(32, sizeof(float) * gemm_t_scratch * (threads > 0 ? threads : 1));
     if (!start || !X || !scratches) {
         free(start);
         free(X);
@@ -668,7 +668,7 @@ int experts_prefill(const float *x, int64_t n, int64_t d, const int64_t *ids, co
     {
         float *scratch = scratches;
 #ifdef _OPENMP
-        scratch += PACKED_SCRATCH * omp_get_thread_num();
+        scratch += gemm_t_scratch * omp_get_thread_num();
 #endif
         #pragma omp for schedule(static)
         for (int64_t q = 0; q < S; q++) {
