@@ -82,13 +82,15 @@ def _linear_kernel(precision: str, device: str) -> str:
     dev = torch.device(device)
     cpu_decode = dev.type == "cpu" and gemv.library() is not None  # model/gemv.py: x86 CPUs with a C compiler
     if precision == "bf16":
-        return "dense (decode: in C, model/step.c on model/gemv.c; prefill: torch)" if cpu_decode else \
+        return ("dense (float32 weights: decode in C, model/step.c on model/gemv.c, prompts on gemv.c's packed "
+                "panels; bfloat16: oneDNN / MKL)") if cpu_decode else \
             "dense (oneDNN / cuBLAS)"
     k = kernels.active()
     cap = k.capability(dev) if k.op("scaled_mm", dev) is not None else None
     if runs_natively(precision, cap):
         return f"{precision} scaled_mm (compute capability {cap[0]}.{cap[1]})"
     if cpu_decode:
-        return "dequantize in registers for decode (CPU decode kernels, model/gemv.c), inside the matmul for prefill"
+        return ("dequantize in registers (model/gemv.c): a row of x at a time for decode, into panels for a "
+                f"prompt's rows (up to {gemv.MAX_PACKED_ROWS} a call)")
     need = NATIVE_CAPABILITY[precision]
     return f"dequantize inside the matmul ({precision} needs compute capability {need[0]}.{need[1]}+ to run natively)"
