@@ -79,6 +79,15 @@ def test_fp8_and_nvfp4_equal_the_dequantized_matmul(shape, rows):
                                    rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("rows", [5, 130])
+def test_fp8_panels_take_an_input_width_that_is_no_multiple_of_8(rows):
+    """The decoded rows are transposed into the panels 8 x 8 at a time; the last K % 8 inputs one by one."""
+    w = weight((29, 44), seed=2)
+    x = torch.randn(rows, 44, generator=torch.Generator().manual_seed(rows))
+    q = quantize_fp8(w)
+    torch.testing.assert_close(q.linear(x), F.linear(x, q.dequantize(torch.float32)), rtol=1e-5, atol=1e-5)
+
+
 def test_every_fp8_code_and_nvfp4_code_decodes_exactly():
     """One-hot inputs read single weights back: all 256 e4m3 codes (subnormals and both zeros) and every
     e2m1 code under every e4m3 block scale the quantizer can write."""

@@ -312,24 +312,57 @@ static void decode_row(int format, const void *w, const uint8_t *scales, int64_t
     }
 }
 
+/* Eight rows r[0..7] of K floats -> columns of P [K, 24] (rows 24 floats apart, 32-byte aligned), times
+   `scale`: 8 x 8 blocks transposed in registers, a last K % 8 inputs one at a time. */
+static void rows_to_columns(const float *r, int64_t K, float scale, float *P) {
+    const __m256 s = _mm256_set1_ps(scale);
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 a[8], t[8];
+        for (int i = 0; i < 8; i++) a[i] = _mm256_mul_ps(_mm256_loadu_ps(r + i * K + k), s);
+        for (int i = 0; i < 8; i += 2) {
+            t[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
+            t[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
+        }
+        for (int i = 0; i < 8; i += 4)
+            for (int h = 0; h < 2; h++) {
+                a[i + h] = _mm256_shuffle_ps(t[i + h], t[i + h + 2], 0x44);
+                a[i + h + 2] = _mm256_shuffle_ps(t[i + h], t[i + h + 2], 0xEE);
+            }
+        /* a[0], a[2], a[1], a[3]: columns 0, 1, 2, 3 of rows 0-3 in their low lanes, columns 4, 5, 6, 7 in
+           their high lanes; a[4..7] the same for rows 4-7 */
+        const int order[4] = {0, 2, 1, 3};
+        for (int q = 0; q < 4; q++) {
+            _mm256_store_ps(P + (k + q) * 24, _mm256_permute2f128_ps(a[order[q]], a[4 + order[q]], 0x20));
+            _mm256_store_ps(P + (k + q + 4) * 24, _mm256_permute2f128_ps(a[order[q]], a[4 + order[q]], 0x31));
+        }
+    }
+    for (; k < K; k++)
+        for (int i = 0; i < 8; i++) P[k * 24 + i] = r[i * K + k] * scale;
+}
+
 /* y[:, n0:n1] = x W[n0:n1]^T * scale, W's rows ldw bytes apart (NVFP4's scales lds bytes): 24 weight rows at
-   a time decoded, the scale folded in, into a panel P [K, 24], which gemm_t_part's tiles then run over, KC
-   rows of it at a time (each decode serves every row of x, each load of the panel four of them). Returns 0
-   where the panel could not be allocated, and the caller takes the dot products. */
+   a time decoded (eight at a time, then transposed in registers, their scale folded in) into a panel
+   P [K, 24], which gemm_t_part's tiles then run over, KC rows of it at a time (each decode serves every row
+   of x, each load of the panel four of them). The transpose replaced a scalar store per value: 0.98-1.15x,
+   1.05x geometric mean, on 128-token FP8 / NVFP4 prompts (six A/B runs, README). Returns 0 where the panel
+   could not be allocated, and the caller takes the dot products. */
 static int panels(int format, const float *x, const void *w, const uint8_t *scales, float *y, int64_t M,
                   int64_t N, int64_t K, int64_t ldw, int64_t lds, float scale, int64_t n0, int64_t n1) {
-    float *P = aligned_alloc(32, sizeof(float) * ((24 * K + K + 4 * 24 + 7) / 8 * 8));
+    float *P = aligned_alloc(32, sizeof(float) * ((24 * K + 8 * K + 4 * 24 + 7) / 8 * 8));
     if (!P) return 0;
-    float *row = P + 24 * K, *c = row + K;
+    float *rows = P + 24 * K, *c = rows + 8 * K;
     for (int64_t n = n0; n < n1; n += 24) {
         const int64_t cols = n1 - n < 24 ? n1 - n : 24;
-        for (int64_t j = 0; j < 24; j++) {
-            if (j < cols) {
-                decode_row(format, (const uint8_t *)w + (n + j) * ldw, scales ? scales + (n + j) * lds : NULL, K, row);
-                for (int64_t k = 0; k < K; k++) P[k * 24 + j] = row[k] * scale;
-            } else {
-                for (int64_t k = 0; k < K; k++) P[k * 24 + j] = 0.f;
+        for (int64_t g = 0; g < 24; g += 8) { /* eight weight rows decoded, then transposed into the panel */
+            for (int64_t j = g; j < g + 8; j++) {
+                if (j < cols)
+                    decode_row(format, (const uint8_t *)w + (n + j) * ldw, scales ? scales + (n + j) * lds : NULL, K,
+                               rows + (j - g) * K);
+                else
+                    memset(rows + (j - g) * K, 0, sizeof(float) * K);
             }
+            rows_to_columns(rows, K, scale, P + g);
         }
         for (int64_t m0 = 0; m0 < M; m0 += MC)
             for (int64_t k0 = 0; k0 < K; k0 += KC)
