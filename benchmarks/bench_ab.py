@@ -34,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def build(rev: str, where: Path) -> ctypes.CDLL:
-    """The kernels as they were at git revision `rev`, built into `where`."""
+    """The kernels as they were at git revision `rev`, built into `where`, with the entry points `rev` has
+    bound (later ones are missing: callers check with hasattr)."""
     from elastic_local.model import gemv
 
     sources = []
@@ -49,10 +50,11 @@ def build(rev: str, where: Path) -> ctypes.CDLL:
     why = gemv._compile(out, sources)
     if why:
         raise SystemExit(f"building {rev}'s kernels: {why}")
-    try:
-        return gemv.bind(ctypes.CDLL(str(out)))
-    except AttributeError as e:  # an entry point step.py calls is missing
-        raise SystemExit(f"{rev}'s kernels lack an entry point step.py calls ({e}); pick a later --base") from None
+    lib = ctypes.CDLL(str(out))
+    for entry, args in gemv._SIGNATURES.items():
+        if hasattr(lib, entry):
+            getattr(lib, entry).argtypes, getattr(lib, entry).restype = args, ctypes.c_int
+    return lib
 
 
 def checkpoint(name: str) -> Path:
@@ -101,7 +103,10 @@ def main() -> None:
     if gemv.library() is None:
         raise SystemExit("the CPU decode kernels are unavailable here (see the warning): nothing to compare")
     with tempfile.TemporaryDirectory() as tmp:
-        libs = {"base": build(args.base, Path(tmp)), "tree": gemv.library()}
+        base = build(args.base, Path(tmp))
+        if not hasattr(base, "decode_step"):
+            raise SystemExit(f"{args.base}'s kernels have no decode_step (the one-call step); pick a later --base")
+        libs = {"base": base, "tree": gemv.library()}
         print(f"C decode step, {args.base} (base) against the working tree, {args.threads} threads, "
               f"median of {args.reps} reps of {args.steps} steps, alternated")
         for name in args.configs.split(","):

@@ -9,7 +9,7 @@ prompt, a prefill chunk) and a budget's strided view (half the outputs of the wi
 `gemv.matmul_t`, alternated rep by rep: GFLOP/s medians and the ratio.
 
 Whole prompts (with `--base`): a prompt of --prompt tokens through `forward` on bench_decode's checkpoints,
-the working tree's kernels against `--base`'s (built as bench_ab.py builds them), alternated. A base
+the working tree's kernels against `--base`'s (bench_ab.build), alternated. A base
 without the packed product (before it was added) runs its many-row projections on torch's matmul, as that
 revision did; its experts run that revision's C. The working tree's Python runs both sides.
 """
@@ -105,22 +105,6 @@ def whole_prompts(m, name: str, libs: dict[str, ctypes.CDLL], prompt: int, reps:
           f"tok/s  tree / base {s['base'] / s['tree']:.3f}x")
 
 
-def build_lenient(rev: str, where: Path) -> ctypes.CDLL:
-    """`rev`'s kernels with the entry points it has bound (bench_ab.build needs all of today's)."""
-    from elastic_local.model import gemv
-
-    bind = gemv.bind
-    gemv.bind = lambda lib: lib
-    try:
-        lib = bench_ab.build(rev, where)
-    finally:
-        gemv.bind = bind
-    for entry, args in gemv._SIGNATURES.items():
-        if hasattr(lib, entry):
-            getattr(lib, entry).argtypes, getattr(lib, entry).restype = args, ctypes.c_int
-    return lib
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configs", default="30m,100m")
@@ -138,7 +122,9 @@ def main() -> None:
         raise SystemExit("the CPU kernels are unavailable here (see the warning): nothing to compare")
     print(f"{args.threads} threads; torch {torch.__version__}")
     with tempfile.TemporaryDirectory() as tmp:
-        libs = {"base": build_lenient(args.base, Path(tmp)), "tree": gemv.library()} if args.base else None
+        libs = None
+        if args.base:
+            libs = {"base": bench_ab.build(args.base, Path(tmp)), "tree": gemv.library()}
         for name in args.configs.split(","):
             path = str(bench_ab.checkpoint(name))
             with torch.inference_mode():

@@ -161,6 +161,9 @@ def test_decode_rows_take_the_matvec_and_more_rows_the_packed_product(monkeypatc
     for layout in (w, Transposed.of(w)):
         linear(torch.randn(gemv.MAX_ROWS, 64), layout)
         linear(torch.randn(gemv.MAX_ROWS + 1, 64), layout)
+    with monkeypatch.context() as p:  # a compiled step's larger batch: inductor's matmul, no ctypes call traced
+        p.setattr(torch.compiler, "is_compiling", lambda: True)
+        torch.testing.assert_close(Transposed.of(w).linear(x := torch.randn(gemv.MAX_ROWS + 1, 64)), x @ w.T)
     w.requires_grad_(True)  # training: autograd needs torch's op
     linear(torch.randn(1, 64), w)
     assert called == [(False, gemv.MAX_ROWS, 64), (True, gemv.MAX_ROWS, 64), ("packed", gemv.MAX_ROWS + 1, 64)]

@@ -196,7 +196,8 @@ static inline void decode_bf16(const uint16_t *w, int64_t K, float *out) {
 #define KC 256 /* panel rows: 24 x 256 floats = 24 KiB, within a 32 KiB L1 beside four rows of x */
 
 /* c[r, 0:24] (+)= sum_k a[r, k] p[k, 0:24], r < R (a's rows lda apart), p packed [kc, 24]: twelve
-   accumulators, 12 FMAs per k against 3 loads of p and 4 broadcasts of a (6 x 16 tiles: 1.0-1.1x slower) */
+   accumulators, 12 FMAs per k against 3 loads of p and 4 broadcasts of a (6 x 16 tiles: slower on five of
+   six prompt shapes, README) */
 static inline __attribute__((always_inline)) void tile_packed(int R, const float *a, int64_t lda, const float *p,
                                                               int64_t kc, float *c, int64_t ldc, int add) {
     __m256 acc[4][3];
