@@ -6,8 +6,9 @@
 Models: the embedded demo model (5.6M parameters, budgets full / mid / small) and bench_generate.py's
 ~136M random nested model (full / mid / small at 60% and 35% of the parameters; built once under
 benchmarks/_work/gen/). Each is loaded in float32 once per variant:
-    torch     weights kept [in, out] (`linear.Transposed`), torch's matmul (ELASTIC_LOCAL_CPU_GEMV=0)
-    kernels   the default: the same layout, decode steps in C (model/step.c on model/gemv.c's kernels)
+    torch     weights kept [in, out] (`linear.Transposed`), torch's matmul (what ELASTIC_LOCAL_CPU_GEMV=0 runs)
+    kernels   the default: weights in column panels (`linear.Panels`), decode steps in C (model/step.c on
+              model/gemv.c's kernels)
     rows      ELASTIC_LOCAL_CPU_LAYOUT=rows: weights kept [out, in] as stored, decode steps in C
     compiled  (--compile) the default with the decode step compiled (`load(compile=True)`), each budget
               compiled in the warm-up
@@ -40,7 +41,8 @@ def load(path: Path | None, variant: str):
 
     os.environ[LAYOUT_ENV] = "rows" if variant == "rows" else "transposed"
     try:
-        return elastic_local.load(path, dtype=torch.float32, compile=variant == "compiled")
+        with kernels_on(variant != "torch"):  # without the kernels, the plain transpose
+            return elastic_local.load(path, dtype=torch.float32, compile=variant == "compiled")
     finally:
         os.environ.pop(LAYOUT_ENV, None)
 

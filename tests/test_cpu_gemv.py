@@ -47,19 +47,42 @@ def test_float_matvec_equals_torch_matmul(shape, rows, dtype):
     torch.testing.assert_close(y, ref, rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-5)
 
 
+def views(out: int, k: int) -> list[tuple[int, int, int]]:
+    """(r0, r1, cols) blocks of an [out, k] weight: the whole of it, a budget's output and input cut, one
+    that starts and ends inside a 24-output panel, and a single output."""
+    return [(0, out, k), (out // 4, out - out // 8, (k + 1) // 2), (1, max(2, out - 3), k), (out - 1, out, k)]
+
+
 @pytest.mark.parametrize("rows", [1, 2, 4, 7])
 @pytest.mark.parametrize("shape", SHAPES + FLOAT_ONLY_SHAPES + [(5000, 700)])
-def test_transposed_float32_weights_and_their_budget_views_equal_torch_matmul(shape, rows):
-    """The default CPU layout ([in, out]): the whole weight, and a block of it (rows r0:r1, first cols)."""
-    from elastic_local.model.linear import Transposed
+def test_panel_float32_weights_and_their_budget_views_equal_torch_matmul(shape, rows):
+    """The default CPU layout (column panels): the whole weight and blocks of it against F.linear on the
+    stored [out, in] weight's block."""
+    from elastic_local.model.linear import Panels
 
     out, k = shape
-    t = Transposed.of(weight(shape, seed=4))
-    x = torch.randn(rows, 1, k)
-    for view, xs in ((t, x), (t.block(out // 4, out - out // 8, (k + 1) // 2), x[..., :(k + 1) // 2])):
-        y = view.linear(xs)
-        assert y.shape == (rows, 1, view.shape[0])
-        torch.testing.assert_close(y, xs @ view.t, rtol=1e-5, atol=1e-4)
+    w = weight(shape, seed=4)
+    panels = Panels.of(w)
+    assert torch.equal(panels.dense(), w.T)
+    for r0, r1, cols in views(out, k):
+        view, x = panels.block(r0, r1, cols), torch.randn(rows, 1, cols)
+        y = view.linear(x)
+        assert view.shape == (r1 - r0, cols) and y.shape == (rows, 1, r1 - r0)
+        torch.testing.assert_close(y, F.linear(x, w[r0:r1, :cols]), rtol=1e-5, atol=1e-4)
+
+
+def test_a_view_of_a_panel_view_and_of_a_stacked_expert_cut_the_same_weights():
+    """Blocks compose (a budget's view cut again, as step.py's in_proj parts are) and stacked experts
+    index before or after the cut."""
+    from elastic_local.model.linear import Panels
+
+    w = weight((4 * 70, 50), seed=6).view(4, 70, 50)
+    stack = Panels.of(w)
+    x = torch.randn(1, 30)
+    for e in range(4):
+        twice = stack[e].block(5, 65, 40).block(20, 53, 30)
+        torch.testing.assert_close(twice.linear(x), F.linear(x, w[e, 25:58, :30]), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(stack.block(5, 65, 40)[e].dense(), w[e, 5:65, :40].T)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 5, gemv.MAX_PACKED_ROWS])
@@ -136,37 +159,56 @@ PACKED_SHAPES = [(200, 600), (23, 7), (1000, 40)]
 
 @pytest.mark.parametrize("rows", [gemv.MAX_ROWS + 1, 13, 130, 300])
 @pytest.mark.parametrize("shape", PACKED_SHAPES)
-def test_many_rows_on_transposed_float32_weights_and_views_equal_torch_matmul(shape, rows, threads):
-    """A prompt's projections (gemv.c's packed panels): row counts past one 128-row block of x and with
-    every tail of its 4-row tiles, the whole weight and a budget's strided view, uneven thread shares."""
-    from elastic_local.model.linear import Transposed
+def test_many_rows_on_panel_float32_weights_and_views_equal_torch_matmul(shape, rows, threads):
+    """A prompt's projections (gemv.c's tiles on the panels): row counts past one 128-row block of x and
+    with every tail of its 4-row tiles, the whole weight and budget views, uneven thread shares."""
+    from elastic_local.model.linear import Panels
 
     out, k = shape
-    t = Transposed.of(weight(shape, seed=5))
+    w = weight(shape, seed=5)
+    panels = Panels.of(w)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
-    for view, xs in ((t, x), (t.block(out // 4, out - out // 8, (k + 1) // 2), x[:, :(k + 1) // 2])):
-        torch.testing.assert_close(view.linear(xs), xs @ view.t, rtol=1e-5, atol=1e-4)
+    for r0, r1, cols in views(out, k):
+        got = panels.block(r0, r1, cols).linear(x[:, :cols])
+        torch.testing.assert_close(got, F.linear(x[:, :cols], w[r0:r1, :cols]), rtol=1e-5, atol=1e-4)
 
 
-def test_decode_rows_take_the_matvec_and_more_rows_the_packed_product(monkeypatch):
-    """[in, out] float32 weights: up to MAX_ROWS rows the decode kernels, more the packed product (a
-    compiled step leaves them to inductor); [out, in] weights take torch's matmul past MAX_ROWS."""
-    from elastic_local.model.linear import Transposed
+class Spy:
+    """The kernels' library, noting which entry points are called."""
+
+    def __init__(self, lib):
+        self.lib, self.called = lib, []
+
+    def __getattr__(self, name: str):
+        self.called.append(name)
+        return getattr(self.lib, name)
+
+
+def test_decode_rows_take_the_matvec_and_more_rows_the_blocked_product(monkeypatch):
+    """Panel weights: up to MAX_ROWS rows the decode kernel, more the blocked product, inside a compiled
+    step too (through the opaque op); [out, in] weights take torch's matmul past MAX_ROWS; weights being
+    trained take torch's op."""
+    from elastic_local.model.linear import Panels
 
     w = weight((64, 64))
-    called = []
-    monkeypatch.setattr(gemv, "matvec", lambda x, w, transposed=False: called.append((transposed, *x.shape))
-                        or (x @ w if transposed else F.linear(x, w)))
-    monkeypatch.setattr(gemv, "matmul_t", lambda x, t: called.append(("packed", *x.shape)) or x @ t)
-    for layout in (w, Transposed.of(w)):
-        linear(torch.randn(gemv.MAX_ROWS, 64), layout)
-        linear(torch.randn(gemv.MAX_ROWS + 1, 64), layout)
-    with monkeypatch.context() as p:  # a compiled step's larger batch: inductor's matmul, no ctypes call traced
+    spy = Spy(gemv.library())
+    monkeypatch.setattr(gemv, "_library", spy)
+    for layout in (w, Panels.of(w)):
+        for rows in (gemv.MAX_ROWS, gemv.MAX_ROWS + 1):
+            x = torch.randn(rows, 64)
+            torch.testing.assert_close(linear(x, layout), F.linear(x, w), rtol=1e-5, atol=1e-5)
+    assert spy.called == ["gemv_f32", "gemv_p_f32", "gemm_p_f32"]
+    spy.called.clear()
+    with monkeypatch.context() as p:  # a compiled step: the custom ops, which call the same kernels
         p.setattr(torch.compiler, "is_compiling", lambda: True)
-        torch.testing.assert_close(Transposed.of(w).linear(x := torch.randn(gemv.MAX_ROWS + 1, 64)), x @ w.T)
+        for rows in (1, gemv.MAX_ROWS + 1):
+            x = torch.randn(rows, 64)
+            torch.testing.assert_close(Panels.of(w).linear(x), F.linear(x, w), rtol=1e-5, atol=1e-5)
+    assert spy.called == ["gemv_p_f32", "gemm_p_f32"]
+    spy.called.clear()
     w.requires_grad_(True)  # training: autograd needs torch's op
     linear(torch.randn(1, 64), w)
-    assert called == [(False, gemv.MAX_ROWS, 64), (True, gemv.MAX_ROWS, 64), ("packed", gemv.MAX_ROWS + 1, 64)]
+    assert spy.called == []
 
 
 def test_a_missing_compiler_warns_and_torch_runs(monkeypatch, tmp_path):
@@ -215,58 +257,57 @@ def test_a_corrupt_cached_library_is_rebuilt(monkeypatch, tmp_path):
 
 
 def test_both_layouts_decode_every_budget_like_torch_matmul(tmp_path, monkeypatch):
-    """Both CPU float32 layouts on the kernels (the default [in, out] and ELASTIC_LOCAL_CPU_LAYOUT=rows):
-    every budget decodes the tokens of the default layout with the kernels off (torch's matmul)."""
+    """Both CPU float32 layouts on the kernels (the default column panels and ELASTIC_LOCAL_CPU_LAYOUT=rows):
+    every budget decodes the tokens that the stored [out, in] weights give with the kernels off (torch's
+    matmul)."""
     from test_compiled_decode import decode
     from tiny import ALIGNED
 
     from elastic_local.elastic.nest import nest
     from elastic_local.engine.load import LAYOUT_ENV
-    from elastic_local.model.linear import Transposed
+    from elastic_local.model.linear import Panels
 
     make_checkpoint(tmp_path / "parent", seed=3, **ALIGNED)
     nested = nest(tmp_path / "parent", tmp_path / "nested", {"half": 0.5})
 
-    def transposed(m) -> bool:
-        return any(isinstance(w, Transposed) for layer in m.net.layers for w in vars(layer.mixer).values())
+    def panels(m) -> bool:
+        return any(isinstance(w, Panels) for layer in m.net.layers for w in vars(layer.mixer).values())
 
     m_default = elastic_local.load(nested)
     monkeypatch.setenv(LAYOUT_ENV, "rows")
     m_rows = elastic_local.load(nested)
-    assert transposed(m_default) and not transposed(m_rows)
+    assert panels(m_default) and not panels(m_rows)
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 96, (9,), generator=g), torch.randint(0, 96, (4,), generator=g)]
-    kernels, calls, matvec = gemv.library(), [], gemv.matvec
-    monkeypatch.setattr(gemv, "matvec", lambda x, w, transposed=False: calls.append(transposed)
-                        or matvec(x, w, transposed))
+    kernels = gemv.library()
     with torch.inference_mode():
         for name in m_default.budgets:
-            monkeypatch.setattr(gemv, "_library", None)
-            want_logits, want = decode(m_default.net, m_default.budget(name), prompts, 6)
-            assert not calls  # the reference is torch's path throughout
-            monkeypatch.setattr(gemv, "_library", kernels)
-            for m, transposed in ((m_default, True), (m_rows, False)):
+            monkeypatch.setattr(gemv, "_library", None)  # the reference: torch's path throughout
+            want_logits, want = decode(m_rows.net, m_rows.budget(name), prompts, 6)
+            for m, entry in ((m_default, "gemv_p_f32"), (m_rows, "gemv_f32")):
+                spy = Spy(kernels)
+                monkeypatch.setattr(gemv, "_library", spy)
                 got_logits, got = decode(m.net, m.budget(name), prompts, 6)
-                assert transposed in calls, "the decode steps did not reach the kernels"
-                calls.clear()
+                assert entry in spy.called, "the decode steps did not reach the kernels"
                 assert torch.equal(got, want), name
                 for a, b in zip(got_logits, want_logits):
                     torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
 def test_loading_builds_the_kernels_in_the_background(monkeypatch, tmp_path):
-    """The first run after an install: `load` starts the build, so the first decode step finds it done."""
+    """The first run after an install: `load` starts the build before it reads the weights, then picks the
+    float32 layout by the library that build made (compiled once, on the background thread)."""
+    from elastic_local.model.linear import Panels
     from elastic_local.paths import DEMO_MODEL
 
     monkeypatch.setenv("ELASTIC_LOCAL_HOME", str(tmp_path))
     monkeypatch.setattr(gemv, "_library", False)
-    started = []
+    started, builds, compile_ = [], [], gemv._compile
     prebuild = gemv.prebuild
     monkeypatch.setattr(gemv, "prebuild", lambda: started.append(prebuild()) or started[-1])
-    elastic_local.load(DEMO_MODEL)
+    monkeypatch.setattr(gemv, "_compile", lambda *a: builds.append(threading.current_thread().name) or compile_(*a))
+    m = elastic_local.load(DEMO_MODEL)
     assert isinstance(started[0], threading.Thread)
-    started[0].join()
-    assert gemv.library_path().is_file() and gemv._library is False  # built, not loaded yet
-    monkeypatch.setenv("CC", "no-such-compiler")  # so library() can only load what the background built
-    assert gemv.library() is not None
+    assert builds == ["elastic-kernels-build"] and gemv.library() is not None
+    assert isinstance(m.net.lm_head, Panels)
     assert gemv.prebuild() is None  # loaded: nothing left to build

@@ -120,11 +120,11 @@ def test_the_convolution_continues_and_updates_the_window_like_torch(C, K, T, bi
 
 
 def expert_weights(E, I, d, seed=0):
-    from elastic_local.model.linear import Transposed
+    from elastic_local.model.linear import Panels
 
     g = torch.Generator().manual_seed(seed)
     up, down = torch.randn(E, I, d, generator=g) / d ** 0.5, torch.randn(E, d, I, generator=g) / I ** 0.5
-    return moe.MoEWeights(torch.randn(E, d), torch.zeros(E), Transposed.of(up), Transposed.of(down), None, None)
+    return moe.MoEWeights(torch.randn(E, d), torch.zeros(E), Panels.of(up), Panels.of(down), None, None)
 
 
 @pytest.mark.parametrize("experts,channels,d", [(8, 48, 32), (6, 40, 32), (8, 9, 20), (7, 30, 300)])
@@ -178,7 +178,7 @@ def test_replaced_expert_weights_are_described_anew(nested):
     ids = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
         before = m.forward(ids)
-        w.up = type(w.up)(w.up.t * 2)  # a new weight object (another storage)
+        w.up = type(w.up)(w.up.p * 2, w.up.skip, w.up.n)  # a new weight object (another storage)
         after = m.forward(ids)
         with pytest.MonkeyPatch.context() as p:
             p.setattr(moe, "_experts_cpu", lambda *a: None)
@@ -198,7 +198,7 @@ def test_gradients_and_other_kernels_keep_the_torch_path(c_calls):
     assert moe._experts_cpu(flat, w, 4, 16, torch.zeros(5, 2, dtype=torch.long), torch.ones(5, 2)) is None
     with torch.no_grad():
         assert kernels.ssd_scan(x.bfloat16(), dt, A, B, C, 4, None)[0].dtype == torch.float32  # torch's scan
-        rows = moe.MoEWeights(w.gate, w.bias, w.up.t.transpose(1, 2), w.down.t.transpose(1, 2), None, None)
+        rows = moe.MoEWeights(w.gate, w.bias, w.up.dense().transpose(1, 2), w.down.dense().transpose(1, 2), None, None)
         assert moe._experts_cpu(flat, rows, 4, 16, torch.zeros(5, 2, dtype=torch.long), torch.ones(5, 2)) is None
     assert c_calls == []
 

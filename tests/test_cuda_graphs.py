@@ -16,7 +16,7 @@ from test_compiled_decode import decode, decodes_like
 import elastic_local
 from elastic_local.engine.load import LAYOUT_ENV
 from elastic_local.model import graphs
-from elastic_local.model.linear import ExpertStack, RowConcat, Transposed
+from elastic_local.model.linear import ExpertStack, Panels, RowConcat, Transposed
 from elastic_local.model.moe import moe
 from elastic_local.quant import QuantizedWeight
 
@@ -47,6 +47,8 @@ def to_meta(net) -> None:
     def meta(w):
         if isinstance(w, Transposed):
             return Transposed(w.t.to("meta"))
+        if isinstance(w, Panels):
+            return Panels(w.p.to("meta"), w.skip, w.n)
         if isinstance(w, ExpertStack):
             return ExpertStack([meta(e) for e in w])
         if isinstance(w, RowConcat):
@@ -90,7 +92,7 @@ def test_gathered_experts_equal_the_per_expert_ones_on_every_budget(nested, rows
         for i, (layer, s) in enumerate(zip(m.net.layers, b.layers)):
             if s.kind != "E" or not s.enabled:
                 continue
-            assert isinstance(layer.mixer.up, Transposed) == (layout == "transposed")
+            assert isinstance(layer.mixer.up, Panels) == (layout == "transposed")
             x = torch.randn(rows, 1, b.hidden, generator=torch.Generator().manual_seed(i))
             args = (x, layer.mixer, s.experts, s.expert_channels, s.shared_channels, m.net.cfg)
             torch.testing.assert_close(moe(*args, sync_free=True), moe(*args), atol=1e-5, rtol=1e-5)

@@ -145,8 +145,8 @@ def test_reduced_sizes_equal_a_physically_sliced_checkpoint(tmp_path, monkeypatc
     _check(tmp_path, drop_layer=None)
 
 
-def test_cpu_layout_keeps_budgets_as_views_and_input_cuts_contiguous(tmp_path):
-    from elastic_local.model.linear import Transposed, block
+def test_cpu_layout_keeps_budgets_as_views_whose_panels_are_contiguous(tmp_path):
+    from elastic_local.model.linear import Panels, block
 
     make_checkpoint(tmp_path, seed=5, hybrid_override_pattern=PATTERN, n_groups=2, mamba_num_heads=8,
                     num_attention_heads=4, num_key_value_heads=2)
@@ -154,13 +154,15 @@ def test_cpu_layout_keeps_budgets_as_views_and_input_cuts_contiguous(tmp_path):
     before = sum(t.nbytes for t in m.net.tensors())
     layer = next(layer for layer in m.net.layers if layer.kind == "-")
     up, down = layer.mixer.up, layer.mixer.down
-    assert isinstance(up, Transposed) and isinstance(down, Transposed) and down.shape == (32, 48)
-    cut = block(down, 0, 32, 16)  # fewer MLP channels: an input cut of the down projection
-    assert cut.t.is_contiguous() and cut.t.untyped_storage().data_ptr() == down.t.untyped_storage().data_ptr()
+    assert isinstance(up, Panels) and isinstance(down, Panels) and down.shape == (32, 48)
+    for cut in (block(down, 0, 32, 16), block(up, 0, 16, 24)):  # an input cut; an output and an input cut
+        # no copy, and every panel's rows one contiguous run
+        assert cut.p.untyped_storage().data_ptr() == up.p.untyped_storage().data_ptr() or cut.p.untyped_storage(
+        ).data_ptr() == down.p.untyped_storage().data_ptr()
+        assert cut.p.stride(-1) == 1 and cut.p.stride(-2) == cut.p.shape[-1]
     x = torch.randn(3, 16)
-    torch.testing.assert_close(cut.linear(x), x @ down.t[:16], atol=1e-6, rtol=1e-5)  # kernels sum in another order
-    view = block(up, 0, 16, 24)  # an output and an input cut: a strided view, still no copy
-    assert view.t.untyped_storage().data_ptr() == up.t.untyped_storage().data_ptr()
+    # the kernels sum in another order
+    torch.testing.assert_close(block(down, 0, 32, 16).linear(x), x @ down.dense()[:16], atol=1e-6, rtol=1e-5)
     m.net.forward(torch.tensor([[1, 2, 3]]), budget_for(m.config, None))
     assert sum(t.nbytes for t in m.net.tensors()) == before  # running a budget copied nothing
 

@@ -74,7 +74,8 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     net = load_network(path, resident=resident, stored=stored_budget(cfg), dtype=dtype, device=device,
                        progress=progress, precision=precision, keep=keep)
     if torch.device(device).type == "cpu" and dtype == torch.float32 and cpu_layout() == "transposed":
-        net.transpose_weights()  # float32 only: in bf16 `x @ t` is the slower path (linear.Transposed)
+        # float32 only (in bf16 `x @ t` is the slower path, linear.Transposed); panels where the kernels run
+        net.transpose_weights(panels=gemv.library() is not None)
     if compile:
         net.compile_decode()
     if cuda_graphs or (cuda_graphs is None and not compile and net.device.type == "cuda"):

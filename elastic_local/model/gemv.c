@@ -15,13 +15,16 @@
  *          scale per tensor (Model Optimizer's NVFP4)
  * Every decode is exact; products are summed in float32 (in another order than torch's matmul).
  *
- * gemv_t_f32 takes a float32 weight kept transposed, T = W^T [K, ldt] (model/linear.Transposed): a
- * budget's view T[:K, r0:r1] is K row segments. Each thread owns a slice of the outputs, keeps them in
- * its cache and adds eight rows of T at a time into them (four with several rows of x): eight streams,
- * no horizontal sums.
- * With one row of x the decode feeds the products directly; with two or three, each weight row is
- * decoded once into a scratch row that every row of x then reads; from four, 24 weight rows at a time are
- * decoded into a panel that register tiles run over (the section "Many rows of x").
+ * Float32 weights on the CPU are kept in column panels (model/linear.Panels): W^T cut into panels of 24
+ * outputs, each [K, 24] contiguous, panel q + 1's rows `ps` floats after panel q's. A budget's view (its
+ * first K inputs, outputs [r0, r1)) is then every panel's first K rows: one contiguous run per panel,
+ * whatever the budget cuts, where a plain transpose [K, N] gave short row pieces a stride apart that
+ * streamed 1.3-1.7x slower (README, "Budgets in column panels"). A view starts `skip` columns into its
+ * first panel. One row of x runs over four panels at a time (twelve accumulators, four streams); more
+ * rows run the blocked product's register tiles straight on the panels (section "Many rows of x").
+ * The other formats keep W's rows: with one row of x the decode feeds the products directly; with two or
+ * three, each weight row is decoded once into a scratch row that every row of x then reads; from four,
+ * 24 weight rows at a time are decoded into a panel of the same shape that the tiles run over.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -185,17 +188,17 @@ static inline void decode_bf16(const uint16_t *w, int64_t K, float *out) {
 
 /* ------------------------------------------------------------------------------------------------------
  * Many rows of x (a prompt's projections, an expert's tokens): the blocked product of BLIS and GotoBLAS.
- * 24 outputs' weights, KC inputs at a time, lie in an aligned panel [KC, 24] that stays in L1, and 4 x 24
- * register tiles run over every row of x against it, adding the next KC inputs' panel into the same
- * outputs. Float32 weights kept transposed (T [K, ldt], a budget's view strided: a power-of-two ldt would
- * map all of a panel's rows onto one cache set) are copied into panels; the other formats are decoded
- * into them, their scale folded in. On this project's 2-core AMD EPYC (Zen 1), at a prompt's 128 rows,
- * these panels reached 80-100% of a bare FMA loop's rate and ran 1.24-1.29x MKL's sgemm; from 512 rows
- * 1.0-1.2x (README, "Prefill products on packed panels"). */
+ * 24 outputs' weights, KC inputs at a time, lie in a panel [KC, 24] that stays in L1, and 4 x 24 register
+ * tiles run over every row of x against it, adding the next KC inputs' panel into the same outputs.
+ * Float32 weights are stored in such panels already (the tiles read them where they lie); the other
+ * formats are decoded into one, their scale folded in. On this project's 2-core AMD EPYC (Zen 1), at a
+ * prompt's 128 rows, packed panels reached 80-100% of a bare FMA loop's rate and ran 1.24-1.29x MKL's
+ * sgemm; from 512 rows 1.0-1.2x (README, "Prefill products on packed panels"). */
 
-#define KC 256 /* panel rows: 24 x 256 floats = 24 KiB, within a 32 KiB L1 beside four rows of x */
+#define PW 24  /* outputs per panel: three vectors */
+#define KC 256 /* panel rows a tile runs over: 24 x 256 floats = 24 KiB, within a 32 KiB L1 beside x's rows */
 
-/* c[r, 0:24] (+)= sum_k a[r, k] p[k, 0:24], r < R (a's rows lda apart), p packed [kc, 24]: twelve
+/* c[r, 0:24] (+)= sum_k a[r, k] p[k, 0:24], r < R (a's rows lda apart), p [kc, 24] contiguous: twelve
    accumulators, 12 FMAs per k against 3 loads of p and 4 broadcasts of a (6 x 16 tiles: slower on five of
    six prompt shapes, README) */
 static inline __attribute__((always_inline)) void tile_packed(int R, const float *a, int64_t lda, const float *p,
@@ -204,8 +207,8 @@ static inline __attribute__((always_inline)) void tile_packed(int R, const float
     for (int r = 0; r < R; r++)
         for (int v = 0; v < 3; v++) acc[r][v] = add ? _mm256_loadu_ps(c + r * ldc + 8 * v) : _mm256_setzero_ps();
     for (int64_t k = 0; k < kc; k++) {
-        const __m256 b0 = _mm256_load_ps(p + 24 * k), b1 = _mm256_load_ps(p + 24 * k + 8),
-                     b2 = _mm256_load_ps(p + 24 * k + 16);
+        const __m256 b0 = _mm256_loadu_ps(p + PW * k), b1 = _mm256_loadu_ps(p + PW * k + 8),
+                     b2 = _mm256_loadu_ps(p + PW * k + 16);
         for (int r = 0; r < R; r++) {
             const __m256 ar = _mm256_broadcast_ss(a + r * lda + k);
             acc[r][0] = _mm256_fmadd_ps(ar, b0, acc[r][0]);
@@ -230,75 +233,73 @@ static void over_rows(int64_t m, const float *a, int64_t lda, const float *p, in
     }
 }
 
-/* y[:m, :cols] (+)= x[:m, :kc] p (x's rows ldx apart, y's ldy) for one panel p [kc, 24]: a block of fewer
-   than 24 outputs runs through c (4 x 24 floats), four rows at a time. */
+/* y[:m, :cols] (+)= x[:m, :kc] p[:, first:first + cols] (x's rows ldx apart, y's ldy) for one panel
+   p [kc, 24]: a panel the view uses only in part runs through c (4 x 24 floats), four rows at a time. */
 static void panel_product(const float *x, int64_t ldx, int64_t m, const float *p, int64_t kc, float *y,
-                          int64_t ldy, int64_t cols, int add, float *c) {
-    if (cols == 24) {
+                          int64_t ldy, int64_t first, int64_t cols, int add, float *c) {
+    if (first == 0 && cols == PW) {
         over_rows(m, x, ldx, p, kc, y, ldy, add);
         return;
     }
     for (int64_t i = 0; i < m; i += 4) {
         const int64_t r = m - i < 4 ? m - i : 4;
         for (int64_t q = 0; q < r; q++)
-            for (int64_t j = 0; j < 24; j++) c[q * 24 + j] = add && j < cols ? y[(i + q) * ldy + j] : 0.f;
-        over_rows(r, x + i * ldx, ldx, p, kc, c, 24, add);
-        for (int64_t q = 0; q < r; q++) memcpy(y + (i + q) * ldy, c + q * 24, sizeof(float) * cols);
+            for (int64_t j = 0; j < PW; j++)
+                c[q * PW + j] = add && j >= first && j < first + cols ? y[(i + q) * ldy + j - first] : 0.f;
+        over_rows(r, x + i * ldx, ldx, p, kc, c, PW, add);
+        for (int64_t q = 0; q < r; q++) memcpy(y + (i + q) * ldy, c + q * PW + first, sizeof(float) * cols);
     }
 }
 
-/* y[:, c0:c1] = x [M, K] T[:, c0:c1] (y's rows N apart, T's ldt), NB blocks of 24 outputs at a time: their
-   KC rows of T are copied into NB panels row by row (NB x 24 contiguous floats a row, a stream the
-   prefetcher follows; panel by panel, every row of T is 96 bytes after a jump, a miss each, and those
-   misses cost as much as the products of 128 rows of x), then MC rows of x at a time (they stay in L2
-   beside the panels) run over each panel. `P`: PACKED_SCRATCH floats, 32-byte aligned. */
+/* The panels a view's outputs [n0, n1) lie in: [*q0, *q1). */
+static inline void panel_range(int64_t skip, int64_t n0, int64_t n1, int64_t *q0, int64_t *q1) {
+    *q0 = (skip + n0) / PW;
+    *q1 = (skip + n1 + PW - 1) / PW;
+}
+
+/* y[:, n0:n1] = x [M, K] times a panel view's outputs [n0, n1) (y's rows N apart), NB panels at a time:
+   MC rows of x at a time (they stay in L2 beside the NB panels' KC rows) run over each panel, so every
+   block of a panel is read from memory once per MC rows. `c`: PANEL_SCRATCH floats. */
 #define NB 8
 #define MC 128
-#define PACKED_SCRATCH (NB * KC * 24 + 4 * 24)
-const int64_t gemm_t_scratch = PACKED_SCRATCH; /* for step.c's experts */
-void gemm_t_part(const float *x, const float *t, int64_t ldt, float *y, int64_t M, int64_t N, int64_t K,
-                 int64_t c0, int64_t c1, float *P) {
-    for (int64_t n0 = c0; n0 < c1; n0 += NB * 24) {
-        const int64_t n1 = n0 + NB * 24 < c1 ? n0 + NB * 24 : c1;
+#define PANEL_SCRATCH (4 * PW)
+const int64_t gemm_p_scratch = PANEL_SCRATCH; /* for step.c's experts */
+void gemm_p_part(const float *x, const float *p, int64_t ps, int64_t skip, float *y, int64_t M, int64_t N,
+                 int64_t K, int64_t n0, int64_t n1, float *c) {
+    int64_t q0, q1;
+    panel_range(skip, n0, n1, &q0, &q1);
+    for (int64_t b = q0; b < q1; b += NB) {
+        const int64_t e = b + NB < q1 ? b + NB : q1;
         for (int64_t k0 = 0; k0 < K; k0 += KC) {
             const int64_t kc = K - k0 < KC ? K - k0 : KC;
-            for (int64_t k = 0; k < kc; k++) {
-                const float *src = t + (k0 + k) * ldt;
-                for (int64_t n = n0; n < n1; n += 24) {
-                    float *p = P + (n - n0) * kc + 24 * k;
-                    if (n1 - n >= 24) {
-                        for (int v = 0; v < 3; v++) _mm256_store_ps(p + 8 * v, _mm256_loadu_ps(src + n + 8 * v));
-                    } else {
-                        for (int64_t j = 0; j < 24; j++) p[j] = n + j < n1 ? src[n + j] : 0.f;
-                    }
-                }
-            }
             for (int64_t m0 = 0; m0 < M; m0 += MC)
-                for (int64_t n = n0; n < n1; n += 24)
-                    panel_product(x + m0 * K + k0, K, M - m0 < MC ? M - m0 : MC, P + (n - n0) * kc, kc,
-                                  y + m0 * N + n, N, n1 - n < 24 ? n1 - n : 24, k0 > 0, P + NB * KC * 24);
+                for (int64_t q = b; q < e; q++) {
+                    const int64_t lo = q * PW - skip > n0 ? q * PW - skip : n0;
+                    const int64_t hi = q * PW + PW - skip < n1 ? q * PW + PW - skip : n1;
+                    panel_product(x + m0 * K + k0, K, M - m0 < MC ? M - m0 : MC, p + q * ps + k0 * PW, kc,
+                                  y + m0 * N + lo, N, lo - (q * PW - skip), hi - lo, k0 > 0, c);
+                }
         }
     }
 }
 
-/* y [M, N] = x [M, K] T[:, :N]: each thread takes a share of the blocks of 24 outputs. */
-int gemm_t_f32(const float *x, const float *t, float *y, int64_t M, int64_t N, int64_t K, int64_t ldt,
-               int threads) {
-    int failed = 0;
-    #pragma omp parallel num_threads(threads) if (M * N * K >= 1 << 20) reduction(|| : failed)
+/* y [M, N] = x [M, K] times a panel view: each thread takes a share of its panels. */
+int gemm_p_f32(const float *x, const float *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps,
+               int64_t skip, int threads) {
+    #pragma omp parallel num_threads(threads) if (M * N * K >= 1 << 20)
     {
-        int64_t parts = 1, part = 0;
+        int64_t parts = 1, part = 0, q0, q1;
 #ifdef _OPENMP
         parts = omp_get_num_threads(), part = omp_get_thread_num();
 #endif
-        const int64_t blocks = (N + 23) / 24, per = (blocks + parts - 1) / parts;
-        const int64_t c0 = part * per * 24 < N ? part * per * 24 : N, c1 = c0 + per * 24 < N ? c0 + per * 24 : N;
-        float *P = aligned_alloc(32, sizeof(float) * PACKED_SCRATCH);
-        failed = !P;
-        if (P) gemm_t_part(x, t, ldt, y, M, N, K, c0, c1, P);
-        free(P);
+        panel_range(skip, 0, N, &q0, &q1);
+        const int64_t per = (q1 - q0 + parts - 1) / parts, a = q0 + part * per, b = a + per;
+        const int64_t n0 = a * PW - skip < 0 ? 0 : (a * PW - skip < N ? a * PW - skip : N);
+        const int64_t n1 = b * PW - skip < N ? (b * PW - skip > n0 ? b * PW - skip : n0) : N;
+        float c[PANEL_SCRATCH];
+        if (n0 < n1) gemm_p_part(x, p, ps, skip, y, M, N, K, n0, n1, c);
     }
-    return failed ? -1 : 0;
+    return 0;
 }
 
 enum { PANEL_F32, PANEL_BF16, PANEL_FP8, PANEL_NVFP4 };
@@ -368,7 +369,7 @@ static int panels(int format, const float *x, const void *w, const uint8_t *scal
         for (int64_t m0 = 0; m0 < M; m0 += MC)
             for (int64_t k0 = 0; k0 < K; k0 += KC)
                 panel_product(x + m0 * K + k0, K, M - m0 < MC ? M - m0 : MC, P + 24 * k0, K - k0 < KC ? K - k0 : KC,
-                              y + m0 * N + n, N, cols, k0 > 0, c);
+                              y + m0 * N + n, N, 0, cols, k0 > 0, c);
     }
     free(P);
     return 1;
@@ -379,7 +380,7 @@ static int panels(int format, const float *x, const void *w, const uint8_t *scal
  * entry points below, each in its own parallel region, and by step.c inside a block's one region. */
 
 /* This thread's share of N outputs within the current parallel region (all of them outside one), in
-   multiples of 16: whole cache lines of y, whole vectors of gemv_t's rows. */
+   multiples of 16: whole cache lines of y. */
 void share(int64_t N, int64_t *n0, int64_t *n1) {
     int64_t parts = 1, part = 0;
 #ifdef _OPENMP
@@ -397,50 +398,54 @@ void part_f32(const float *x, const float *w, float *y, int64_t M, int64_t N, in
         for (int64_t m = 0; m < M; m++) y[m * N + n] = dot_f32(x + m * K, w + n * ldw, K);
 }
 
-void part_t_f32(const float *x, const float *t, float *y, int64_t M, int64_t N, int64_t K, int64_t ldt,
+/* o[0:24G] = sums of G panels over K rows of one x: 3G accumulators, G streams. */
+static inline __attribute__((always_inline)) void panels_dot(int G, const float *x, const float *p, int64_t ps,
+                                                             int64_t K, float *o) {
+    __m256 acc[4][3];
+    for (int g = 0; g < G; g++)
+        for (int v = 0; v < 3; v++) acc[g][v] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        const __m256 xk = _mm256_broadcast_ss(x + k);
+        for (int g = 0; g < G; g++)
+            for (int v = 0; v < 3; v++)
+                acc[g][v] = _mm256_fmadd_ps(xk, _mm256_loadu_ps(p + g * ps + PW * k + 8 * v), acc[g][v]);
+    }
+    for (int g = 0; g < G; g++)
+        for (int v = 0; v < 3; v++) _mm256_storeu_ps(o + PW * g + 8 * v, acc[g][v]);
+}
+
+/* y[n0:n1] = x [K] times a panel view's outputs [n0, n1): four panels at a time (measured against the
+   plain transpose on 2 threads, scratch: budget views that cut the outputs 1.4-1.65x, whole rows
+   0.96-0.98x; one panel at a time, one stream, lost 0.65-0.84x on wide weights). */
+void panels_vec(const float *x, const float *p, int64_t ps, int64_t skip, int64_t K, float *y, int64_t n0,
+                int64_t n1) {
+    int64_t q, q1;
+    panel_range(skip, n0, n1, &q, &q1);
+    float o[4 * PW];
+    while (q < q1) {
+        const int G = q1 - q < 4 ? (int)(q1 - q) : 4;
+        const float *pq = p + q * ps;
+        switch (G) {
+        case 1: panels_dot(1, x, pq, ps, K, o); break;
+        case 2: panels_dot(2, x, pq, ps, K, o); break;
+        case 3: panels_dot(3, x, pq, ps, K, o); break;
+        default: panels_dot(4, x, pq, ps, K, o);
+        }
+        const int64_t base = q * PW - skip, lo = base > n0 ? base : n0, hi = base + G * PW < n1 ? base + G * PW : n1;
+        memcpy(y + lo, o + (lo - base), sizeof(float) * (hi - lo));
+        q += G;
+    }
+}
+
+/* y[:, n0:n1] for M rows of x (y's rows N apart): one row on panels_vec, more on the tiles. */
+void part_p_f32(const float *x, const float *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps, int64_t skip,
                 int64_t n0, int64_t n1) {
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t n = n0; n < n1; n++) y[m * N + n] = 0.f;
-    int64_t k = 0;
-    for (; M == 1 && k + 8 <= K; k += 8) { /* one row of x: eight rows of T per pass over y */
-        const float *t0 = t + k * ldt;
-        __m256 xs[8];
-        for (int j = 0; j < 8; j++) xs[j] = _mm256_set1_ps(x[k + j]);
-        int64_t n = n0;
-        for (; n + 8 <= n1; n += 8) {
-            __m256 a = _mm256_fmadd_ps(xs[0], _mm256_loadu_ps(t0 + n), _mm256_loadu_ps(y + n));
-            __m256 b = _mm256_mul_ps(xs[4], _mm256_loadu_ps(t0 + 4 * ldt + n));
-            a = _mm256_fmadd_ps(xs[1], _mm256_loadu_ps(t0 + ldt + n), a);
-            b = _mm256_fmadd_ps(xs[5], _mm256_loadu_ps(t0 + 5 * ldt + n), b);
-            a = _mm256_fmadd_ps(xs[2], _mm256_loadu_ps(t0 + 2 * ldt + n), a);
-            b = _mm256_fmadd_ps(xs[6], _mm256_loadu_ps(t0 + 6 * ldt + n), b);
-            a = _mm256_fmadd_ps(xs[3], _mm256_loadu_ps(t0 + 3 * ldt + n), a);
-            b = _mm256_fmadd_ps(xs[7], _mm256_loadu_ps(t0 + 7 * ldt + n), b);
-            _mm256_storeu_ps(y + n, _mm256_add_ps(a, b));
-        }
-        for (; n < n1; n++)
-            for (int j = 0; j < 8; j++) y[n] += x[k + j] * t0[j * ldt + n];
+    if (M == 1) {
+        panels_vec(x, p, ps, skip, K, y, n0, n1);
+        return;
     }
-    for (; k + 4 <= K; k += 4) {
-        const float *t0 = t + k * ldt, *t1 = t0 + ldt, *t2 = t1 + ldt, *t3 = t2 + ldt;
-        for (int64_t m = 0; m < M; m++) {
-            const float *xm = x + m * K;
-            float *ym = y + m * N;
-            __m256 x0 = _mm256_set1_ps(xm[k]), x1 = _mm256_set1_ps(xm[k + 1]);
-            __m256 x2 = _mm256_set1_ps(xm[k + 2]), x3 = _mm256_set1_ps(xm[k + 3]);
-            int64_t n = n0;
-            for (; n + 8 <= n1; n += 8) {
-                __m256 acc = _mm256_fmadd_ps(x0, _mm256_loadu_ps(t0 + n), _mm256_loadu_ps(ym + n));
-                acc = _mm256_fmadd_ps(x1, _mm256_loadu_ps(t1 + n), acc);
-                acc = _mm256_fmadd_ps(x2, _mm256_loadu_ps(t2 + n), acc);
-                _mm256_storeu_ps(ym + n, _mm256_fmadd_ps(x3, _mm256_loadu_ps(t3 + n), acc));
-            }
-            for (; n < n1; n++) ym[n] += xm[k] * t0[n] + xm[k + 1] * t1[n] + xm[k + 2] * t2[n] + xm[k + 3] * t3[n];
-        }
-    }
-    for (; k < K; k++)
-        for (int64_t m = 0; m < M; m++)
-            for (int64_t n = n0; n < n1; n++) y[m * N + n] += x[m * K + k] * t[k * ldt + n];
+    float c[PANEL_SCRATCH];
+    gemm_p_part(x, p, ps, skip, y, M, N, K, n0, n1, c);
 }
 
 void part_bf16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t N, int64_t K, int64_t ldw,
@@ -502,9 +507,9 @@ int gemv_f32(const float *x, const float *w, float *y, int64_t M, int64_t N, int
     return 0;
 }
 
-int gemv_t_f32(const float *x, const float *t, float *y, int64_t M, int64_t N, int64_t K, int64_t ldt,
-               int threads) {
-    SHARED(part_t_f32(x, t, y, M, N, K, ldt, n0, n1));
+int gemv_p_f32(const float *x, const float *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps,
+               int64_t skip, int threads) {
+    SHARED(part_p_f32(x, p, y, M, N, K, ps, skip, n0, n1));
     return 0;
 }
 

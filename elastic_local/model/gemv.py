@@ -4,9 +4,10 @@ Batch-1 decode reads every weight once per token, so its speed is the speed at w
 the weights. torch has no CPU matmul for FP8 / NVFP4 weights (they dequantize a tile at a time, 0.26-0.59x
 of BF16 although they read 2-3.5x fewer bytes), and its matrix-vector products lose speed on the strided
 row-prefix views smaller budgets cut and, on CPUs without bf16 instructions, on bf16 weights. gemv.c reads
-each format as stored, prefix views included, and decodes the packed ones in registers. A prompt's
-products (many rows of x) run on its packed panels (`matmul_t`), faster than MKL's sgemm at a prompt's
-size on this project's AMD CPU.
+each format as stored, prefix views included, and decodes the packed ones in registers. Float32
+weights are kept in column panels (`panels`, linear.Panels) that every budget's view streams as whole
+blocks; a prompt's products (many rows of x) run register tiles on those panels, faster than MKL's sgemm
+at a prompt's size on this project's AMD CPU.
 
 The library is built once per source version into the user's cache dir (`paths.cache_dir()/kernels`):
 `$CC` or `cc`, AVX2 + FMA + F16C, OpenMP (torch's own runtime, already loaded). Any other CPU, a missing
@@ -37,8 +38,8 @@ ENV = "ELASTIC_LOCAL_CPU_GEMV"  # "0": never build or use the kernels
 # parts of a Mamba2 prefill (model/kernels.py) and a prefill's routed experts (model/moe.py)
 SOURCES = [Path(__file__).with_name(name) for name in ("gemv.c", "step.c")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fPIC", "-shared"]
-# Rows of x the decode kernels take: float weights up to MAX_ROWS (past that, float32 [in, out] weights take
-# the packed panels, `matmul_t`, any other float weight torch's matmul); packed weights up to
+# Rows of x the decode kernels take: float weights up to MAX_ROWS (past that, float32 weights in column
+# panels take the blocked product, `panels`, any other float weight torch's matmul); packed weights up to
 # MAX_PACKED_ROWS, a prefill chunk (cost.py). From 4 rows the packed kernels decode 24 weight rows at a
 # time into a panel and run register tiles over x, where torch's path dequantizes whole tiles first:
 # measured on 2 threads, FP8 / NVFP4, against that path (scratch, 3608x768, 16-row panels): 16 rows
@@ -50,8 +51,8 @@ MAX_PACKED_ROWS = 1024
 _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 _SIGNATURES = {
     "gemv_f32": [_P, _P, _P, _I, _I, _I, _I, _C],
-    "gemv_t_f32": [_P, _P, _P, _I, _I, _I, _I, _C],
-    "gemm_t_f32": [_P, _P, _P, _I, _I, _I, _I, _C],
+    "gemv_p_f32": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
+    "gemm_p_f32": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
     "gemv_bf16": [_P, _P, _P, _I, _I, _I, _I, _C],
     "gemv_fp8": [_P, _P, _P, _I, _I, _I, _I, _F, _C],
     "gemv_nvfp4": [_P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _C],
@@ -120,9 +121,9 @@ def _supported() -> bool:
 
 def prebuild() -> threading.Thread | None:
     """Build the library in the background if it is not built yet. The loader calls this so that the
-    ~2 s a build takes (once per install) overlaps the weights' load and, in the chat app, the user's
-    typing. Only the file: `library()` loads it, waiting for this build if it comes first, and reports
-    a failed build."""
+    ~2 s a build takes (once per install) overlaps the weights' load; the loader then asks `library()`
+    (which waits for this build and reports a failed one) whether float32 weights go into the kernels'
+    column panels."""
     global _building
     if _library is not False or not _supported() or library_path().is_file():
         return None
@@ -187,35 +188,49 @@ def _call(kernel, x: Tensor, n: int, weights: tuple, layout: tuple) -> Tensor:
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
-def matvec(x: Tensor, w: Tensor, transposed: bool = False) -> Tensor:
-    """x @ w.T for a float32 / bfloat16 weight w [out, in]; with `transposed`, x @ w for a float32 weight
-    kept transposed, w [in, out] (linear.Transposed). Rows contiguous: budgets' prefix views are. Inside a
-    compiled decode step it is an op that inductor leaves opaque."""
-    return (_matvec_op if torch.compiler.is_compiling() else _matvec)(x, w, transposed)
+def matvec(x: Tensor, w: Tensor) -> Tensor:
+    """x @ w.T for a float32 / bfloat16 weight w [out, in] (rows contiguous: budgets' prefix views are).
+    Inside a compiled decode step it is an op that inductor leaves opaque."""
+    return (_matvec_op if torch.compiler.is_compiling() else _matvec)(x, w)
 
 
-def _matvec(x: Tensor, w: Tensor, transposed: bool) -> Tensor:
-    if transposed:
-        return _call(_library.gemv_t_f32, x, w.shape[1], (w.data_ptr(),), (w.stride(0),))
+def _matvec(x: Tensor, w: Tensor) -> Tensor:
     kernel = _library.gemv_f32 if w.dtype == torch.float32 else _library.gemv_bf16
     return _call(kernel, x, w.shape[0], (w.data_ptr(),), (w.stride(0),))
 
 
-def matmul_t(x: Tensor, t: Tensor) -> Tensor:
-    """x @ t for a float32 weight kept transposed, t [in, out] (rows contiguous), on any number of rows of
-    x: gemv.c's packed-panel product (a prompt's projections): on this project's CPU 1.24-1.29x MKL's
-    sgemm at 128 rows, 1.0-1.2x from 512 (README, "Prefill products on packed panels")."""
-    return _call(_library.gemm_t_f32, x, t.shape[1], (t.data_ptr(),), (t.stride(0),))
-
-
 @torch.library.custom_op("elastic_local::matvec", mutates_args=())
-def _matvec_op(x: Tensor, w: Tensor, transposed: bool) -> Tensor:
-    return _matvec(x, w, transposed)
+def _matvec_op(x: Tensor, w: Tensor) -> Tensor:
+    return _matvec(x, w)
 
 
 @_matvec_op.register_fake
-def _(x: Tensor, w: Tensor, transposed: bool) -> Tensor:
-    return x.new_empty(*x.shape[:-1], w.shape[1] if transposed else w.shape[0])
+def _(x: Tensor, w: Tensor) -> Tensor:
+    return x.new_empty(*x.shape[:-1], w.shape[0])
+
+
+def panels(x: Tensor, p: Tensor, skip: int, n: int) -> Tensor:
+    """x @ W.T for a float32 weight in column panels (linear.Panels): p [panels, in, 24], panel rows
+    contiguous, the view's `n` outputs starting `skip` columns into the first panel. Up to MAX_ROWS rows
+    of x four panels at a time; more (a prompt) on the blocked product's tiles, which on this project's
+    CPU ran 1.24-1.29x MKL's sgemm at 128 rows, 1.0-1.2x from 512 (README, "Prefill products on packed
+    panels"). Inside a compiled step it is an op that inductor leaves opaque."""
+    return (_panels_op if torch.compiler.is_compiling() else _panels)(x, p, skip, n)
+
+
+def _panels(x: Tensor, p: Tensor, skip: int, n: int) -> Tensor:
+    kernel = _library.gemv_p_f32 if x.numel() <= MAX_ROWS * x.shape[-1] else _library.gemm_p_f32
+    return _call(kernel, x, n, (p.data_ptr(),), (p.stride(0), skip))
+
+
+@torch.library.custom_op("elastic_local::panels", mutates_args=())
+def _panels_op(x: Tensor, p: Tensor, skip: int, n: int) -> Tensor:
+    return _panels(x, p, skip, n)
+
+
+@_panels_op.register_fake
+def _(x: Tensor, p: Tensor, skip: int, n: int) -> Tensor:
+    return x.new_empty(*x.shape[:-1], n)
 
 
 def fp8(x: Tensor, codes: Tensor, scale: float) -> Tensor:

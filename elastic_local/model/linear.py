@@ -75,18 +75,15 @@ def linear(x: torch.Tensor, w) -> torch.Tensor:
 
 class Transposed:
     """A float weight [.., out, in] kept as its transpose [.., in, out] (contiguous) for CPU inference
-    (engine/load.cpu_layout). Decode-sized inputs run on the decode kernels' gemv_t_f32 (gemv.py), more
-    rows (a prompt) on their packed-panel product (gemv.matmul_t), elsewhere torch's `x @ t`.
+    where the decode kernels do not run (engine/load.cpu_layout; with them, `Panels`): torch's `x @ t`.
 
-    Batch-1 decode is matrix-vector products over the weights, so its speed is the speed at which the
-    matmul streams them. `x @ t` walks the rows of t (one input channel's outputs each); a budget's view
-    `t[:cols, r0:r1]` is a prefix of those rows, contiguous when the budget cuts only inputs (down and out
-    projections) and rows of `r1 - r0` contiguous values otherwise. The [out, in] layout sends every
-    strided view (every smaller budget) to MKL's slow path. Measured on the demo model, one thread,
-    decode tok/s full / mid / small: [out, in] 141 / 171 / 162, this layout 203 / 199 / 261
-    (benchmarks/bench_budgets.py, README). Float32 only: in bfloat16 torch's `x @ t` on this CPU runs at half the
-    speed of the [out, in] path (demo full budget 99 against 196 tok/s), so bf16 weights stay [out, in].
-    Training keeps the [out, in] tensors (autograd, optimizer state)."""
+    `x @ t` walks the rows of t (one input channel's outputs each); a budget's view `t[:cols, r0:r1]` is a
+    prefix of those rows, where the [out, in] layout sends every strided view (every smaller budget) to
+    MKL's slow path. Measured on the demo model, one thread, decode tok/s full / mid / small: [out, in]
+    141 / 171 / 162, this layout 203 / 199 / 261 (torch's matmul, before the kernels; README). Float32
+    only: in bfloat16 torch's `x @ t` on this CPU runs at half the speed of the [out, in] path (demo full
+    budget 99 against 196 tok/s), so bf16 weights stay [out, in]. Training keeps the [out, in] tensors
+    (autograd, optimizer state)."""
 
     def __init__(self, t: torch.Tensor):
         self.t = t
@@ -104,20 +101,82 @@ class Transposed:
     def dtype(self) -> torch.dtype:
         return self.t.dtype
 
-    def __getitem__(self, expert: int) -> Transposed:
+    @property
+    def data(self) -> torch.Tensor:
+        return self.t
+
+    def __getitem__(self, expert) -> Transposed:
         return Transposed(self.t[expert])
 
     def block(self, r0: int, r1: int, cols: int) -> Transposed:
-        return Transposed(self.t[:cols, r0:r1])
+        return Transposed(self.t[..., :cols, r0:r1])
+
+    def dense(self) -> torch.Tensor:
+        """[.., in, out] (a view)."""
+        return self.t
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
-        t = self.t
-        if t.dtype == torch.float32 and t.stride(1) == 1 and x.device.type == "cpu" and gemv.library() is not None:
-            if gemv.usable(x):
-                return gemv.matvec(x, t, transposed=True)
-            if not torch.compiler.is_compiling():  # a compiled step's larger batches: inductor's choice
-                return gemv.matmul_t(x, t)
-        return x @ t
+        return x @ self.t
+
+
+PANEL = 24  # outputs per panel: gemv.c's PW, the width of its register tiles
+
+
+class Panels:
+    """A float32 weight [.., out, in] kept for the CPU decode kernels (model/gemv.c) as column panels of its
+    transpose: p [.., panels, in, 24], panel q holding outputs [24q, 24q + 24) (the last one zero-padded),
+    each [in, 24] contiguous. A view is (p cut to its panels and first inputs, `skip` columns of the first
+    panel before its first output, `n` outputs).
+
+    Why: batch-1 decode streams every weight once per token, and a budget's view of a plain transpose
+    [in, out] that cuts the outputs is short row pieces a stride apart (expert up / down projections, out
+    projections when the hidden size shrinks), which the CPU streams 1.3-1.7x slower than contiguous
+    memory (scratch, 2 threads). In panels every view is one contiguous run per panel, so a small budget
+    reads at the speed of a model of its own size (README, "Budgets in column panels"); and the panels
+    are the blocked product's own layout, so a prompt's tiles read them without a packing copy."""
+
+    def __init__(self, p: torch.Tensor, skip: int, n: int):
+        self.p, self.skip, self.n = p, skip, n
+
+    @classmethod
+    def of(cls, w: torch.Tensor) -> Panels:
+        *lead, out, inp = w.shape
+        whole, rest = divmod(out, PANEL)
+        p = w.new_zeros(*lead, whole + (rest > 0), inp, PANEL)  # peak: w and p
+        p[..., :whole, :, :] = w[..., :whole * PANEL, :].unflatten(-2, (whole, PANEL)).transpose(-1, -2)
+        if rest:
+            p[..., whole, :, :rest] = w[..., whole * PANEL:, :].transpose(-1, -2)
+        return cls(p, 0, out)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The [.., out, in] shape of the weight (view) it stands for."""
+        return (*self.p.shape[:-3], self.n, self.p.shape[-2])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.p.dtype
+
+    @property
+    def data(self) -> torch.Tensor:
+        return self.p
+
+    def __getitem__(self, expert) -> Panels:
+        return Panels(self.p[expert], self.skip, self.n)
+
+    def block(self, r0: int, r1: int, cols: int) -> Panels:
+        first = self.skip + r0
+        return Panels(self.p[..., first // PANEL:-(-(self.skip + r1) // PANEL), :cols, :], first % PANEL, r1 - r0)
+
+    def dense(self) -> torch.Tensor:
+        """[.., in, out] (a copy): for torch's paths (no kernels, a batch of picked experts)."""
+        p = self.p.movedim(-3, -2)
+        return p.reshape(*p.shape[:-2], -1)[..., self.skip:self.skip + self.n]
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu" and x.dtype == torch.float32 and gemv.library() is not None:
+            return gemv.panels(x, self.p, self.skip, self.n)
+        return x @ self.dense()
 
 
 class RowConcat:

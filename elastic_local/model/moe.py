@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kernels, step
-from .linear import ExpertStack, Transposed, block, linear
+from .linear import ExpertStack, Panels, Transposed, block, linear
 from .soft import SoftLayer, unit_weights
 
 
@@ -138,9 +138,9 @@ def _experts_gathered(flat: torch.Tensor, w: MoEWeights, experts: int, channels:
 
 
 def _gather(w, experts: int, rows: int, cols: int, pick: torch.Tensor) -> torch.Tensor:
-    """[len(pick), rows, cols]: block (rows, cols) of the experts `pick` of w [E, out, in] (or its Transposed)."""
-    if isinstance(w, Transposed):
-        return w.t[:experts, :cols, :rows][pick].transpose(1, 2)
+    """[len(pick), rows, cols]: block (rows, cols) of the experts `pick` of w [E, out, in] (or its CPU layout)."""
+    if isinstance(w, (Transposed, Panels)):
+        return w[pick].block(0, rows, cols).dense().transpose(1, 2)
     return w[:experts, :rows, :cols][pick]
 
 
@@ -150,7 +150,7 @@ def _experts_cpu(flat: torch.Tensor, w: MoEWeights, experts: int, channels: int,
     any weight format the decode step reads; None where it does not run: another device or dtype, weights
     step.c does not read, or gradients to compute."""
     n, d = flat.shape
-    float_weights = [t.t if isinstance(t, Transposed) else t for t in (w.up, w.down)]  # not packed ones
+    float_weights = [t.data if isinstance(t, (Transposed, Panels)) else t for t in (w.up, w.down)]  # not packed ones
     lib = kernels.cpu_library(flat, weights, *(t for t in float_weights if isinstance(t, torch.Tensor)))
     described = lib and _described(w, experts, channels, d)
     if not described:

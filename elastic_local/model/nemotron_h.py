@@ -21,7 +21,7 @@ from .attention import AttentionWeights, KVCache, attention
 from .budget import Budget
 from .config import NemotronHConfig
 from .cost import PREFILL_CHUNK
-from .linear import ExpertStack, Transposed, block, linear, rms_norm
+from .linear import PANEL, ExpertStack, Panels, Transposed, block, linear, rms_norm
 from .mamba2 import MambaState, MambaWeights, mamba_mixer
 from .moe import MLPWeights, MoEWeights, mlp, moe
 from .soft import SoftLayer, SoftSize, unit_weights
@@ -99,7 +99,7 @@ class NemotronH:
 
     def _float_weights(self, what: str) -> bool:
         """Whether every resident weight is a float tensor; else warns that `what` covers only those."""
-        plain = (torch.Tensor, Transposed, int, float, type(None))
+        plain = (torch.Tensor, Transposed, Panels, int, float, type(None))
         if any(not isinstance(getattr(layer.mixer, f.name), plain) for layer in self.layers
                if layer.mixer is not None for f in fields(layer.mixer)):  # fields: not what layers cache on them
             log.warning("%s covers float weights; these quantized ones decode eagerly", what)
@@ -223,24 +223,30 @@ class NemotronH:
         walk([self.embed, self.layers, self.norm_f, self.lm_head])
         return list(seen.values())
 
-    def transpose_weights(self) -> None:
-        """Keep every float Linear weight as its transpose, in place (peak: one extra tensor): the CPU
-        inference layout (`linear.Transposed`). Quantized weights, the router gate and a tied LM head
-        stay as they are; not for training (autograd and the optimizer hold the [out, in] tensors)."""
+    def transpose_weights(self, panels: bool = False) -> None:
+        """Keep every float Linear weight in the CPU inference layout, in place (peak: one extra tensor):
+        column panels for the decode kernels (`linear.Panels`) with `panels`, else the plain transpose
+        (`linear.Transposed`, torch's matmul). Quantized weights, the router gate and a tied LM head stay
+        as they are; not for training (autograd and the optimizer hold the [out, in] tensors)."""
+        layout = Panels if panels else Transposed
         for layer in self.layers:
             for name in ("in_proj", "out_proj", "qkv", "o_proj", "up", "down", "shared_up", "shared_down"):
                 w = getattr(layer.mixer, name, None)
                 if isinstance(w, torch.Tensor) and not w.requires_grad:
-                    setattr(layer.mixer, name, Transposed.of(w))
+                    setattr(layer.mixer, name, layout.of(w))
         if isinstance(self.lm_head, torch.Tensor) and self.lm_head is not self.embed \
                 and not self.lm_head.requires_grad:
-            self.lm_head = Transposed.of(self.lm_head)
+            self.lm_head = layout.of(self.lm_head)
         self.c_steps.clear()  # they point at the weights just replaced
 
     def silence(self, token: int) -> None:
         """Pin `token`'s logit at 0 by zeroing its LM-head row (random-weight models in tests and benchmarks
         that must never close thinking by themselves)."""
-        (self.lm_head.t[:, token] if isinstance(self.lm_head, Transposed) else self.lm_head[token]).zero_()
+        head = self.lm_head
+        if isinstance(head, Panels):
+            head.p[(head.skip + token) // PANEL, :, (head.skip + token) % PANEL].zero_()
+        else:
+            (head.t[:, token] if isinstance(head, Transposed) else head[token]).zero_()
 
     @property
     def device(self) -> torch.device:

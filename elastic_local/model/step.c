@@ -23,26 +23,29 @@
 
 void share(int64_t N, int64_t *n0, int64_t *n1);
 void part_f32(const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
-void part_t_f32(const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
+void panels_vec(const float *x, const float *p, int64_t ps, int64_t skip, int64_t K, float *y, int64_t n0,
+                int64_t n1);
 void part_bf16(const float *, const uint16_t *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
 void part_fp8(const float *, const uint8_t *, float *, int64_t, int64_t, int64_t, int64_t, float, int64_t, int64_t);
 void permute_nvfp4(const float *x, float *xp, int64_t MK);
-void gemm_t_part(const float *x, const float *t, int64_t ldt, float *y, int64_t M, int64_t N, int64_t K,
-                 int64_t c0, int64_t c1, float *P);
-extern const int64_t gemm_t_scratch; /* floats of gemm_t_part's P */
+void gemm_p_part(const float *x, const float *p, int64_t ps, int64_t skip, float *y, int64_t M, int64_t N,
+                 int64_t K, int64_t n0, int64_t n1, float *c);
+extern const int64_t gemm_p_scratch; /* floats of gemm_p_part's c */
+#define PW 24 /* outputs per panel of a PANELS_F32 weight (gemv.c's) */
 void part_nvfp4(const float *, const uint8_t *, const uint8_t *, float *, int64_t, int64_t, int64_t, int64_t,
                 int64_t, float, int64_t, int64_t);
 
-enum { TRANSPOSED_F32, ROWS_F32, ROWS_BF16, FP8, NVFP4 }; /* model/step.py checks the format it writes */
+enum { PANELS_F32, ROWS_F32, ROWS_BF16, FP8, NVFP4 }; /* model/step.py checks the format it writes */
 
 typedef struct {     /* y[n] = sum_k W[n, k] x[k], n < out, k < in */
     int64_t format;  /* one of the enum above */
     int64_t out, in;
-    int64_t ld;      /* row stride of the stored weight: elements, bytes for FP8 / NVFP4 */
+    int64_t ld;      /* row stride of the stored weight: elements, bytes for FP8 / NVFP4; PANELS_F32: panel stride */
     int64_t ld_scales;
     const void *w;
     const void *scales; /* NVFP4's e4m3 block scales */
     float scale;        /* FP8 / NVFP4's per-tensor scale */
+    int64_t skip;       /* PANELS_F32: columns of the first panel before the view's first output (gemv.c) */
 } weight;
 
 /* Each block runs in one parallel region: every thread takes its share of each product (no fork per
@@ -59,12 +62,12 @@ typedef struct {
     int round;
 } partials;
 
-/* y = W x for a transposed weight T [K, ld]: each thread sums a contiguous run of T's rows (a budget view
-   of whole rows is one block of memory: one sequential stream per thread) into its own row of partial
-   sums, then, after a barrier, adds up its share [n0, n1) of the outputs. Splitting the outputs instead
-   gives each thread short pieces of every row: 1.0-1.7x slower on 2 threads in a scratch timing, most
-   for few outputs (the down projections); equal at 16384 outputs, so products wider than the scratch
-   (SPLIT_K_MAX_OUT, the LM head) split their outputs and need no partial rows. */
+/* y = W x for a weight in column panels (gemv.c): each thread sums a contiguous run of the inputs, the
+   same rows of every panel (one block of memory per panel), into its own row of partial sums, then, after
+   a barrier, adds up its share [n0, n1) of the outputs. Splitting the outputs instead gives each thread
+   fewer, shorter streams: 1.0-1.7x slower on 2 threads in a scratch timing, most for few outputs (the down
+   projections); equal at 16384 outputs, so products wider than the scratch (SPLIT_K_MAX_OUT, the LM head)
+   split their outputs and need no partial rows. */
 static void split_k(const weight *w, const float *x, float *y, int64_t n0, int64_t n1, partials *ps) {
     const int64_t N = w->out, K = w->in;
     int64_t parts = 1, part = 0;
@@ -72,14 +75,14 @@ static void split_k(const weight *w, const float *x, float *y, int64_t n0, int64
     parts = omp_get_num_threads(), part = omp_get_thread_num();
 #endif
     if (parts == 1 || N > ps->width) {
-        part_t_f32(x, w->w, y, 1, N, K, w->ld, n0, n1);
+        panels_vec(x, w->w, w->ld, w->skip, K, y, n0, n1);
         return;
     }
     float *round = ps->rows + ps->round * parts * ps->width;
     ps->round ^= 1;
     const int64_t chunk = (K + parts - 1) / parts, k0 = part * chunk < K ? part * chunk : K;
     const int64_t k1 = k0 + chunk < K ? k0 + chunk : K;
-    part_t_f32(x + k0, (const float *)w->w + k0 * w->ld, round + part * ps->width, 1, N, k1 - k0, w->ld, 0, N);
+    panels_vec(x + k0, (const float *)w->w + k0 * PW, w->ld, w->skip, k1 - k0, round + part * ps->width, 0, N);
     BARRIER;
     for (int64_t n = n0; n < n1; n++) {
         float t = 0.f;
@@ -92,7 +95,7 @@ static void split_k(const weight *w, const float *x, float *y, int64_t n0, int64
 static void matvec(const weight *w, const float *x, float *y, int64_t *n0, int64_t *n1, partials *ps) {
     share(w->out, n0, n1);
     switch (w->format) {
-    case TRANSPOSED_F32: split_k(w, x, y, *n0, *n1, ps); break;
+    case PANELS_F32: split_k(w, x, y, *n0, *n1, ps); break;
     case ROWS_F32: part_f32(x, w->w, y, 1, w->out, w->in, w->ld, *n0, *n1); break;
     case ROWS_BF16: part_bf16(x, w->w, y, 1, w->out, w->in, w->ld, *n0, *n1); break;
     case FP8: part_fp8(x, w->w, y, 1, w->out, w->in, w->ld, w->scale, *n0, *n1); break;
@@ -620,12 +623,12 @@ int ssm_scan(const float *x, const int64_t *xs, const float *dt, const int64_t *
 /* ------------------------------------------------------------------- MoE experts over a prompt */
 
 /* y [m, N] = x [m, K] W^T for any weight format (x permuted for NVFP4, permute_nvfp4), on gemv.c's panels:
-   float32 [in, out] copied into them (`scratch`: gemm_t_scratch floats), the others decoded into them
+   float32 weights are stored in them (`scratch`: gemm_p_scratch floats), the others decoded into them
    (from 4 rows; fewer take the dot products). */
 static void rows_product(const weight *w, const float *x, int64_t m, float *y, float *scratch) {
     const int64_t N = w->out, K = w->in;
     switch (w->format) {
-    case TRANSPOSED_F32: gemm_t_part(x, w->w, w->ld, y, m, N, K, 0, N, scratch); break;
+    case PANELS_F32: gemm_p_part(x, w->w, w->ld, w->skip, y, m, N, K, 0, N, scratch); break;
     case ROWS_F32: part_f32(x, w->w, y, m, N, K, w->ld, 0, N); break;
     case ROWS_BF16: part_bf16(x, w->w, y, m, N, K, w->ld, 0, N); break;
     case FP8: part_fp8(x, w->w, y, m, N, K, w->ld, w->scale, 0, N); break;
@@ -646,7 +649,7 @@ int experts_prefill(const float *x, int64_t n, int64_t d, const int64_t *ids, co
     const int permute_up = up[0].format == NVFP4, permute_down = down[0].format == NVFP4;
     int64_t *start = malloc(sizeof(int64_t) * (2 * (E + 1) + 2 * S));
     float *X = malloc(sizeof(float) * S * (2 * d + I + (permute_up || permute_down ? wide : 0)));
-    float *scratches = aligned_alloc(32, sizeof(float) * gemm_t_scratch * (threads > 0 ? threads : 1));
+    float *scratches = aligned_alloc(32, sizeof(float) * gemm_p_scratch * (threads > 0 ? threads : 1));
     if (!start || !X || !scratches) {
         free(start);
         free(X);
@@ -668,7 +671,7 @@ int experts_prefill(const float *x, int64_t n, int64_t d, const int64_t *ids, co
     {
         float *scratch = scratches;
 #ifdef _OPENMP
-        scratch += gemm_t_scratch * omp_get_thread_num();
+        scratch += gemm_p_scratch * omp_get_thread_num();
 #endif
         #pragma omp for schedule(static)
         for (int64_t q = 0; q < S; q++) {

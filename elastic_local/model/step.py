@@ -24,7 +24,7 @@ from torch import Tensor
 
 from . import gemv
 from .budget import Budget
-from .linear import Transposed, block
+from .linear import Panels, block
 
 if TYPE_CHECKING:
     from .moe import MoEWeights
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _I, _P, _F = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-TRANSPOSED_F32, ROWS_F32, ROWS_BF16, FP8, NVFP4 = range(5)  # step.c's weight formats
+PANELS_F32, ROWS_F32, ROWS_BF16, FP8, NVFP4 = range(5)  # step.c's weight formats
 
 
 class Unsupported(Exception):
@@ -44,7 +44,7 @@ class Weight(ctypes.Structure):
     """step.c's `weight`: a [out, in] weight view, x @ W.T."""
 
     _fields_ = [("format", _I), ("out", _I), ("inp", _I), ("ld", _I), ("ld_scales", _I),
-                ("w", _P), ("scales", _P), ("scale", _F)]
+                ("w", _P), ("scales", _P), ("scale", _F), ("skip", _I)]
 
 
 def packed(fmt: int, codes: Tensor, scales: Tensor | None, scale: float, inputs: int) -> Weight:
@@ -58,10 +58,10 @@ def packed(fmt: int, codes: Tensor, scales: Tensor | None, scale: float, inputs:
 
 def weight(w) -> Weight:
     """The description of any weight view `linear()` takes, or Unsupported."""
-    if isinstance(w, Transposed):
-        t = w.t
-        if t.dtype == torch.float32 and t.ndim == 2 and t.stride(1) == 1:
-            return Weight(TRANSPOSED_F32, t.shape[1], t.shape[0], t.stride(0), 0, t.data_ptr(), None, 1.0)
+    if isinstance(w, Panels):
+        p = w.p
+        if p.dtype == torch.float32 and p.ndim == 3 and p.stride(2) == 1 and p.stride(1) == p.shape[2]:
+            return Weight(PANELS_F32, w.n, p.shape[1], p.stride(0), 0, p.data_ptr(), None, 1.0, w.skip)
     elif isinstance(w, Tensor):
         formats = {torch.float32: ROWS_F32, torch.bfloat16: ROWS_BF16}
         if w.dtype in formats and w.ndim == 2 and w.stride(1) == 1:
