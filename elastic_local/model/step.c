@@ -62,19 +62,21 @@ typedef struct {
     int round;
 } partials;
 
-/* y = W x for a weight in column panels (gemv.c): each thread sums a contiguous run of the inputs, the
-   same rows of every panel (one block of memory per panel), into its own row of partial sums, then, after
-   a barrier, adds up its share [n0, n1) of the outputs. Splitting the outputs instead gives each thread
-   fewer, shorter streams: 1.0-1.7x slower on 2 threads in a scratch timing, most for few outputs (the down
-   projections); equal at 16384 outputs, so products wider than the scratch (SPLIT_K_MAX_OUT, the LM head)
-   split their outputs and need no partial rows. */
+/* y = W x for a weight in column panels (gemv.c). With at least four panels per thread (the kernel's
+   group) each thread computes its share [n0, n1) of the outputs from whole panels: one contiguous run of
+   memory per panel, no barrier (against splitting the inputs for every product: 1.02-1.09x per decode
+   step, bench_ab on gen / 30m / 100m, README). Fewer panels (narrow products: expert up projections)
+   would leave threads idle, so each thread sums a contiguous run of the inputs, the same rows of every
+   panel, into its own row of partial sums, and after a barrier adds up its share; products wider than
+   the scratch (SPLIT_K_MAX_OUT) always split their outputs. */
 static void split_k(const weight *w, const float *x, float *y, int64_t n0, int64_t n1, partials *ps) {
     const int64_t N = w->out, K = w->in;
     int64_t parts = 1, part = 0;
 #ifdef _OPENMP
     parts = omp_get_num_threads(), part = omp_get_thread_num();
 #endif
-    if (parts == 1 || N > ps->width) {
+    const int64_t panels = (w->skip + N + PW - 1) / PW - w->skip / PW;
+    if (parts == 1 || N > ps->width || panels >= 4 * parts) {
         panels_vec(x, w->w, w->ld, w->skip, K, y, n0, n1);
         return;
     }
