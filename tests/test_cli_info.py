@@ -20,7 +20,7 @@ def test_info_json_counts_match_the_tensors_in_the_file(tmp_path, capsys):
     assert d["weights"]["bytes_on_disk"] >= 4 * d["params"]
     # x86 with a C compiler: float32 prompts' scan and products, and decode steps, in C
     assert d["kernels"]["mamba_scan"].startswith("C for float32 prompts")
-    assert "packed panels" in d["kernels"]["linear"]
+    assert "column panels" in d["kernels"]["linear"]
     assert d["kernels"]["decode_step"].startswith("in C, one call per token")
 
 

@@ -167,6 +167,24 @@ def test_cpu_layout_keeps_budgets_as_views_whose_panels_are_contiguous(tmp_path)
     assert sum(t.nbytes for t in m.net.tensors()) == before  # running a budget copied nothing
 
 
+def test_silencing_a_token_pins_its_logit_at_zero_in_the_panel_layout(tmp_path):
+    """The LM head in panels: the token's column is found inside its panel (tokens 0, 23, 24 and the last
+    straddle panel edges)."""
+    from elastic_local.model.linear import Panels
+
+    make_checkpoint(tmp_path, seed=2)
+    m = elastic_local.load(tmp_path)
+    assert isinstance(m.net.lm_head, Panels)
+    vocab = m.config.vocab_size
+    tokens = [0, 23, 24, vocab - 1]
+    for t in tokens:
+        m.net.silence(t)
+    with torch.inference_mode():
+        logits = m.net.forward(torch.tensor([[1, 2, 3]]))[0, -1]
+    assert torch.all(logits[tokens] == 0)
+    assert torch.count_nonzero(logits) == vocab - len(tokens)
+
+
 def test_a_switched_off_layer_equals_a_checkpoint_without_it(tmp_path):
     _check(tmp_path, drop_layer=3)
 

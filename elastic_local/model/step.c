@@ -54,8 +54,8 @@ typedef struct {     /* y[n] = sum_k W[n, k] x[k], n < out, k < in */
 #define SINGLE _Pragma("omp single")
 #define BARRIER _Pragma("omp barrier")
 
-/* Scratch of the split-K product (below): two rounds of one `width`-float row per thread, used in turn,
-   so that one barrier per product keeps a round's reads apart from the next one's writes. Per thread. */
+/* Scratch of the split-K product (panels_matvec, below): two rounds of one `width`-float row per thread,
+   used in turn, so that one barrier per product keeps a round's reads apart from the next one's writes. */
 typedef struct {
     float *rows;
     int64_t width;
@@ -69,7 +69,7 @@ typedef struct {
    would leave threads idle, so each thread sums a contiguous run of the inputs, the same rows of every
    panel, into its own row of partial sums, and after a barrier adds up its share; products wider than
    the scratch (SPLIT_K_MAX_OUT) always split their outputs. */
-static void split_k(const weight *w, const float *x, float *y, int64_t n0, int64_t n1, partials *ps) {
+static void panels_matvec(const weight *w, const float *x, float *y, int64_t n0, int64_t n1, partials *ps) {
     const int64_t N = w->out, K = w->in;
     int64_t parts = 1, part = 0;
 #ifdef _OPENMP
@@ -97,7 +97,7 @@ static void split_k(const weight *w, const float *x, float *y, int64_t n0, int64
 static void matvec(const weight *w, const float *x, float *y, int64_t *n0, int64_t *n1, partials *ps) {
     share(w->out, n0, n1);
     switch (w->format) {
-    case PANELS_F32: split_k(w, x, y, *n0, *n1, ps); break;
+    case PANELS_F32: panels_matvec(w, x, y, *n0, *n1, ps); break;
     case ROWS_F32: part_f32(x, w->w, y, 1, w->out, w->in, w->ld, *n0, *n1); break;
     case ROWS_BF16: part_bf16(x, w->w, y, 1, w->out, w->in, w->ld, *n0, *n1); break;
     case FP8: part_fp8(x, w->w, y, 1, w->out, w->in, w->ld, w->scale, *n0, *n1); break;
@@ -113,8 +113,8 @@ static inline int64_t max3(int64_t a, int64_t b, int64_t c) { return a > b ? (a 
 
 #define SPLIT_K_MAX_OUT 8192
 
-/* A block's one allocation: `n` floats of its own, then split_k's two rounds of partial rows for products
-   of up to `*width` outputs (capped at SPLIT_K_MAX_OUT, which bounds it at 64 KiB per thread). */
+/* A block's one allocation: `n` floats of its own, then the split-K product's two rounds of partial rows
+   for products of up to `*width` outputs (capped at SPLIT_K_MAX_OUT, which bounds it at 64 KiB per thread). */
 static float *scratch(int64_t n, int64_t *width, int threads) {
     if (*width > SPLIT_K_MAX_OUT) *width = SPLIT_K_MAX_OUT;
     return malloc(sizeof(float) * (n + 2 * (threads > 1 ? threads : 1) * *width));
