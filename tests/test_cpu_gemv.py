@@ -295,19 +295,32 @@ def test_both_layouts_decode_every_budget_like_torch_matmul(tmp_path, monkeypatc
 
 
 def test_loading_builds_the_kernels_in_the_background(monkeypatch, tmp_path):
-    """The first run after an install: `load` starts the build before it reads the weights, then picks the
-    float32 layout by the library that build made (compiled once, on the background thread)."""
+    """The first run after an install: `load` starts the build before it reads the weights, then waits for
+    it, saying so, and picks the float32 layout by the library that build made (compiled once, on the
+    background thread)."""
     from elastic_local.model.linear import Panels
     from elastic_local.paths import DEMO_MODEL
 
     monkeypatch.setenv("ELASTIC_LOCAL_HOME", str(tmp_path))
     monkeypatch.setattr(gemv, "_library", False)
-    started, builds, compile_ = [], [], gemv._compile
+    started, builds, said, weights_read, compile_ = [], [], [], threading.Event(), gemv._compile
     prebuild = gemv.prebuild
+
+    def slow_compile(*a):  # still building when the weights are read
+        builds.append(threading.current_thread().name)
+        weights_read.wait(60)
+        return compile_(*a)
+
+    def progress(done: int, total: int, what: str) -> None:
+        said.append(what)
+        if what == "done":
+            weights_read.set()
+
     monkeypatch.setattr(gemv, "prebuild", lambda: started.append(prebuild()) or started[-1])
-    monkeypatch.setattr(gemv, "_compile", lambda *a: builds.append(threading.current_thread().name) or compile_(*a))
-    m = elastic_local.load(DEMO_MODEL)
+    monkeypatch.setattr(gemv, "_compile", slow_compile)
+    m = elastic_local.load(DEMO_MODEL, progress=progress)
     assert isinstance(started[0], threading.Thread)
     assert builds == ["elastic-kernels-build"] and gemv.library() is not None
+    assert said[-1] == "building the CPU kernels (once per install)"
     assert isinstance(m.net.lm_head, Panels)
     assert gemv.prebuild() is None  # loaded: nothing left to build

@@ -74,7 +74,10 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     net = load_network(path, resident=resident, stored=stored_budget(cfg), dtype=dtype, device=device,
                        progress=progress, precision=precision, keep=keep)
     if torch.device(device).type == "cpu" and dtype == torch.float32 and cpu_layout() == "transposed":
-        # float32 only (in bf16 `x @ t` is the slower path, linear.Transposed); panels where the kernels run
+        # float32 only (in bf16 `x @ t` is the slower path, linear.Transposed); panels where the kernels run,
+        # so the first run after an install waits here for the build `prebuild` started (about 2 s)
+        if progress is not None and gemv.building():
+            progress(0, 1, "building the CPU kernels (once per install)")
         net.transpose_weights(panels=gemv.library() is not None)
     if compile:
         net.compile_decode()

@@ -135,6 +135,11 @@ def prebuild() -> threading.Thread | None:
 _building: threading.Thread | None = None
 
 
+def building() -> bool:
+    """Whether a build `prebuild` started is still running (`library()` would wait for it)."""
+    return _building is not None and _building.is_alive()
+
+
 def _load() -> ctypes.CDLL | None:
     if not _supported():
         return None
