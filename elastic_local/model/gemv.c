@@ -336,28 +336,28 @@ static void rows_to_columns(const float *r, int64_t K, float scale, float *P) {
            their high lanes; a[4..7] the same for rows 4-7 */
         const int order[4] = {0, 2, 1, 3};
         for (int q = 0; q < 4; q++) {
-            _mm256_store_ps(P + (k + q) * 24, _mm256_permute2f128_ps(a[order[q]], a[4 + order[q]], 0x20));
-            _mm256_store_ps(P + (k + q + 4) * 24, _mm256_permute2f128_ps(a[order[q]], a[4 + order[q]], 0x31));
+            _mm256_store_ps(P + (k + q) * PW, _mm256_permute2f128_ps(a[order[q]], a[4 + order[q]], 0x20));
+            _mm256_store_ps(P + (k + q + 4) * PW, _mm256_permute2f128_ps(a[order[q]], a[4 + order[q]], 0x31));
         }
     }
     for (; k < K; k++)
-        for (int i = 0; i < 8; i++) P[k * 24 + i] = r[i * K + k] * scale;
+        for (int i = 0; i < 8; i++) P[k * PW + i] = r[i * K + k] * scale;
 }
 
 /* y[:, n0:n1] = x W[n0:n1]^T * scale, W's rows ldw bytes apart (NVFP4's scales lds bytes): 24 weight rows at
    a time decoded (eight at a time, then transposed in registers, their scale folded in) into a panel
-   P [K, 24], which gemm_t_part's tiles then run over, KC rows of it at a time (each decode serves every row
-   of x, each load of the panel four of them). The transpose replaced a scalar store per value: 0.98-1.15x,
+   P [K, 24], which the blocked product's tiles then run over, KC rows of it at a time (each decode serves
+   every row of x, each load of the panel four of them). The transpose replaced a scalar store per value: 0.98-1.15x,
    1.05x geometric mean, on 128-token FP8 / NVFP4 prompts (six A/B runs, README). Returns 0 where the panel
    could not be allocated, and the caller takes the dot products. */
 static int panels(int format, const float *x, const void *w, const uint8_t *scales, float *y, int64_t M,
                   int64_t N, int64_t K, int64_t ldw, int64_t lds, float scale, int64_t n0, int64_t n1) {
-    float *P = aligned_alloc(32, sizeof(float) * ((24 * K + 8 * K + 4 * 24 + 7) / 8 * 8));
+    float *P = aligned_alloc(32, sizeof(float) * ((PW * K + 8 * K + 4 * PW + 7) / 8 * 8));
     if (!P) return 0;
-    float *rows = P + 24 * K, *c = rows + 8 * K;
-    for (int64_t n = n0; n < n1; n += 24) {
-        const int64_t cols = n1 - n < 24 ? n1 - n : 24;
-        for (int64_t g = 0; g < 24; g += 8) { /* eight weight rows decoded, then transposed into the panel */
+    float *rows = P + PW * K, *c = rows + 8 * K;
+    for (int64_t n = n0; n < n1; n += PW) {
+        const int64_t cols = n1 - n < PW ? n1 - n : PW;
+        for (int64_t g = 0; g < PW; g += 8) { /* eight weight rows decoded, then transposed into the panel */
             for (int64_t j = g; j < g + 8; j++) {
                 if (j < cols)
                     decode_row(format, (const uint8_t *)w + (n + j) * ldw, scales ? scales + (n + j) * lds : NULL, K,
@@ -369,7 +369,7 @@ static int panels(int format, const float *x, const void *w, const uint8_t *scal
         }
         for (int64_t m0 = 0; m0 < M; m0 += MC)
             for (int64_t k0 = 0; k0 < K; k0 += KC)
-                panel_product(x + m0 * K + k0, K, M - m0 < MC ? M - m0 : MC, P + 24 * k0, K - k0 < KC ? K - k0 : KC,
+                panel_product(x + m0 * K + k0, K, M - m0 < MC ? M - m0 : MC, P + PW * k0, K - k0 < KC ? K - k0 : KC,
                               y + m0 * N + n, N, 0, cols, k0 > 0, c);
     }
     free(P);
