@@ -126,12 +126,15 @@ def test_auto_takes_the_fit_planners_pick(nested, monkeypatch):
 
     def choose(path, device=None, **kw):
         asked["path"], asked["device"] = path, device
-        return "half", "fp8"
+        return "half", "fp8", asked.get("float32", False)
 
     monkeypatch.setattr(fit, "choose", choose)
     m = elastic_local.load(nested / "bf16", budget="auto", precision="auto")
     assert asked == {"path": nested / "bf16", "device": "cpu"}
     assert m.budgets == ["half"] and type(m.net.layers[0].mixer.in_proj).__name__ == "FP8Weight"
+    assert m.dtype == torch.bfloat16  # the plan's compute dtype, where float32 would not fit
+    asked["float32"] = True
+    assert elastic_local.load(nested / "bf16", budget="auto", precision="auto").dtype == torch.float32
 
 
 @pytest.mark.parametrize("precision", ["bf16", "nvfp4"])

@@ -36,7 +36,9 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     `budget` makes only that budget resident and reads only its slices from disk; every budget up to it
     then runs as views. "auto" for
     `budget` and/or `precision` asks the fit planner what this machine holds. `dtype` (compute and
-    high-precision weights) defaults to bfloat16 on CUDA and with "auto", float32 otherwise.
+    high-precision weights) defaults to bfloat16 on CUDA, float32 on a CPU; with "auto" on a CPU, float32
+    where the pick fits in it too (the planner plans bf16; a CPU decodes several times faster in float32,
+    its C step), else bfloat16.
     `precision`: None keeps what the file stores; "fp8" / "nvfp4" from a BF16 file quantize while loading
     (`keep`: module patterns left in high precision); "bf16" from a quantized file dequantizes.
     `compile`: one-token decode steps run through torch.compile, one graph per budget compiled on its first
@@ -56,14 +58,15 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
         except ValueError as e:
             raise ValueError(f"{tokenizer.template_file}: {e}") from None
     auto = budget == "auto" or precision == "auto"
-    if dtype is None:  # what the fit planner assumes (bf16 compute), except plain CPU runs: float32, exact
-        dtype = torch.bfloat16 if auto or torch.device(device).type == "cuda" else torch.float32
-    if auto:  # the fit planner's pick for this machine
+    float32 = torch.device(device).type != "cuda"  # plain CPU runs: float32, exact
+    if auto:  # the fit planner's pick for this machine: bf16 compute, or on a CPU float32 where that fits too
         from ..hardware.fit import choose
 
-        picked_budget, picked_precision = choose(path, device=device)
+        picked_budget, picked_precision, float32 = choose(path, device=device)
         budget = picked_budget if budget == "auto" else budget
         precision = picked_precision if precision == "auto" else precision
+    if dtype is None:
+        dtype = torch.float32 if float32 else torch.bfloat16
     cfg = NemotronHConfig.from_dir(path)
     budgets = read_budgets(cfg, where=str(path / "config.json"))
     if budget is not None and budget not in budgets:

@@ -1,7 +1,7 @@
 """Fit a checkpoint directory to a machine: the planner fed from the directory's own numbers.
 
     plan_checkpoint(path, profile, context=32768) -> Plan      every (budget, precision), the pick
-    choose(path, device=None) -> (budget, precision)           the pick on the live machine, for load("auto")
+    choose(path, device=None) -> (budget, precision, float32)  the pick on the live machine, for load("auto")
 
 What a directory offers (bf16 stored, fp8/nvfp4 stored or by load-time quantization) and the bytes each
 form keeps resident are `checkpoint/offers.py`'s, which `info` prints too.
@@ -15,6 +15,9 @@ The workload is this runtime's (model/nemotron_h.py): prefill in chunks of 1024 
 last position only, KV cache and Mamba conv state in the compute dtype (bf16), SSM state in fp32, one
 hybrid cache per budget taking part (chat: think + answer = 2). The plan is for bf16 compute: load with
 `dtype=torch.bfloat16` for the prediction to hold (a float32 load doubles weights, cache and activations).
+`plan_checkpoint(float32=True)` plans the float32 load instead: on a CPU, `load("auto")` and elastic-chat
+take the bf16 plan's pick in float32 where that fits too (`in_float32`; a CPU decodes several times faster
+in float32, its C step), else in bf16.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from ..model.config import NemotronHConfig
 from ..model.cost import PREFILL_CHUNK, arch_shape
 from ..model.schema import expected_shapes, stored_budget
 from ..quant.scheme import weight_bytes
-from .planner import Plan, WeightOption, Workload, plan
+from .planner import Candidate, Plan, WeightOption, Workload, plan
 from .probe import probe_machine
 from .profiles import GIB, Profile, get_profile, profile_from_probe
 
@@ -39,10 +42,10 @@ COMPUTE_BYTES = 2  # bf16: KV cache, conv state and activations are in the compu
 
 
 def runtime_workload(context: int = 32768, caches: int = 2, batch: int = 1,
-                     margin_bytes: int | None = None) -> Workload:
-    """The planner's workload for this runtime (module docstring)."""
+                     margin_bytes: int | None = None, compute_bytes: int = COMPUTE_BYTES) -> Workload:
+    """The planner's workload for this runtime (module docstring); `compute_bytes` 4 for float32 compute."""
     return Workload(context=context, batch=batch, caches=caches, prefill_chunk=PREFILL_CHUNK, logits_tokens=1,
-                    kv_dtype_bytes=COMPUTE_BYTES, conv_dtype_bytes=COMPUTE_BYTES, act_bytes=COMPUTE_BYTES,
+                    kv_dtype_bytes=compute_bytes, conv_dtype_bytes=compute_bytes, act_bytes=compute_bytes,
                     margin_bytes=margin_bytes)
 
 
@@ -70,9 +73,11 @@ def header_bytes(tensors: dict[str, TensorInfo], cfg: NemotronHConfig, b: Budget
 
 
 def plan_checkpoint(path: str | Path, profile: Profile, context: int = 32768, caches: int = 2, batch: int = 1,
-                    margin_bytes: int | None = None, keep: tuple[str, ...] = ()) -> Plan:
+                    margin_bytes: int | None = None, keep: tuple[str, ...] = (), float32: bool = False) -> Plan:
     """Cost every (budget, precision) the directory offers on `profile`; `keep` names the modules a
-    load-time quantization keeps in BF16 (none by default)."""
+    load-time quantization keeps in BF16 (none by default). `float32`: for a float32 load instead of the
+    bf16 one the plan otherwise assumes (high-precision weights, KV cache, conv state and activations at
+    4 bytes): a CPU's decode runs its C step only in float32 (README, "C decode step")."""
     path = Path(path)
     cfg = NemotronHConfig.from_dir(path)
     budgets = read_budgets(cfg, where=str(path / "config.json"))
@@ -81,10 +86,11 @@ def plan_checkpoint(path: str | Path, profile: Profile, context: int = 32768, ca
     options = []
     for name, b in budgets.items():
         for o in available:
-            options.append(WeightOption(name, o.precision, o.resident_bytes(cfg, b, keep),
-                                        o.resident_bytes(cfg, b, keep, active=True), o.source,
-                                        weight_bytes(cfg, b, "bf16", active=True)))
-    return plan(profile, shapes, options, runtime_workload(context, caches, batch, margin_bytes))
+            options.append(WeightOption(name, o.precision, o.resident_bytes(cfg, b, keep, float32=float32),
+                                        o.resident_bytes(cfg, b, keep, active=True, float32=float32), o.source,
+                                        weight_bytes(cfg, b, "bf16", active=True, float32=float32)))
+    return plan(profile, shapes, options,
+                runtime_workload(context, caches, batch, margin_bytes, 4 if float32 else COMPUTE_BYTES))
 
 
 def live_profile(device: str | None = None) -> Profile:
@@ -102,13 +108,25 @@ def live_profile(device: str | None = None) -> Profile:
 
 
 def choose(path: str | Path, device: str | None = None, context: int = 32768, caches: int = 2,
-           profile: Profile | None = None) -> tuple[str, str]:
-    """(budget, precision) for load(budget="auto", precision="auto"): the planner's pick on the live machine
-    (or `profile`). Raises ValueError saying what is missing when nothing fits."""
-    p = plan_checkpoint(path, profile or live_profile(device), context=context, caches=caches)
+           profile: Profile | None = None) -> tuple[str, str, bool]:
+    """(budget, precision, float32) for load(budget="auto", precision="auto"): the planner's pick on the live
+    machine (or `profile`), and on a CPU whether it fits in float32 too (`in_float32`). Raises ValueError
+    saying what is missing when nothing fits."""
+    profile = profile or live_profile(device)
+    p = plan_checkpoint(path, profile, context=context, caches=caches)
     if p.pick is None:
         raise ValueError(summary(p))
-    return p.pick.budget, p.pick.precision
+    b, q = p.pick.budget, p.pick.precision
+    return b, q, profile.kind == "cpu" and in_float32(path, profile, b, q, context, caches) is not None
+
+
+def in_float32(path: str | Path, profile: Profile, budget: str, precision: str, context: int = 32768,
+               caches: int = 2) -> Candidate | None:
+    """The float32 candidate of (budget, precision) where it fits on `profile`, else None: a CPU decodes
+    several times faster in float32 (its C step) than in the bf16 the plan assumes, at up to twice the
+    memory (high-precision weights, caches, activations)."""
+    p = plan_checkpoint(path, profile, context=context, caches=caches, float32=True)
+    return next((c for c in p.candidates if c.fits and (c.budget, c.precision) == (budget, precision)), None)
 
 
 def _max_context(p: Plan) -> int:

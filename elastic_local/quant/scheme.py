@@ -71,15 +71,17 @@ def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
 
 
 def weight_bytes(cfg: NemotronHConfig, budget: Budget, precision: str, keep: list[str] = (),
-                 active: bool = False) -> int:
+                 active: bool = False, float32: bool = False) -> int:
     """Exact bytes of a budget's weights at a precision: the sum of the tensors its file would hold.
-    `active`: only what one decoded token reads (the top-k routed experts, one embedding row)."""
+    `active`: only what one decoded token reads (the top-k routed experts, one embedding row). `float32`:
+    as a float32 load keeps them (the BF16 tensors in float32; packed ones as they are)."""
     total = 0
     for name, shape in expected_shapes(cfg, budget).items():
         expert = re.search(r"\.experts\.(\d+)\.", name)
         if active and expert and int(expert.group(1)) >= cfg.num_experts_per_tok:
             continue
         for dtype, s in stored_tensors(name, shape, precision, keep).values():
+            dtype = "F32" if float32 and dtype == "BF16" else dtype
             total += _nbytes(dtype, s[1:] if active and name == "embeddings.weight" else s)
     return total
 

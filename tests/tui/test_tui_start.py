@@ -36,6 +36,41 @@ def test_cpu_plans_for_this_machines_ram(monkeypatch):
     assert p.profile.name == "auto" and "CPU" in pick.why and pick.budget is not None
 
 
+def test_cpu_computes_in_float32_where_it_fits_else_bfloat16(monkeypatch):
+    """The plan assumes bf16; a CPU decodes several times faster in float32 (its C step), which doubles the
+    high-precision weights, the caches and the activations. The pick loads float32 only where that fits."""
+    import dataclasses
+
+    from elastic_local.tui import start
+
+    from elastic_local.hardware.fit import plan_checkpoint
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    o = Options(model_dir(None))
+    roomy = start.live_profile("cpu")
+    _, pick = plan(o)
+    assert pick.dtype == torch.float32 and "float32 compute" in pick.line
+    wide = next(c for c in plan_checkpoint(o.dir, roomy, context=o.context, float32=True).candidates
+                if (c.budget, c.precision) == (pick.budget, pick.precision))
+    assert f"memory {wide.total_bytes / 2**30:.2f} of" in pick.line
+
+    def fits(memory: int, float32: bool) -> bool:
+        tight = dataclasses.replace(roomy, memory_bytes=memory, reserved_bytes=0)
+        p = plan_checkpoint(o.dir, tight, context=o.context, float32=float32)
+        return any(c.fits and (c.budget, c.precision) == (pick.budget, pick.precision) for c in p.candidates)
+
+    lo, hi = 0, wide.total_bytes  # the least memory bf16 fits in: float32 does not
+    while hi - lo > 2**16:
+        lo, hi = (lo, (lo + hi) // 2) if fits((lo + hi) // 2, False) else ((lo + hi) // 2, hi)
+    memory = hi
+    assert fits(memory, False) and not fits(memory, True)
+    monkeypatch.setattr(start, "live_profile", lambda device: dataclasses.replace(
+        roomy, memory_bytes=memory, reserved_bytes=0))
+    _, tight = plan(o)
+    assert (tight.budget, tight.precision, tight.dtype) == (pick.budget, pick.precision, torch.bfloat16)
+    assert "bfloat16 compute" in tight.line
+
+
 @pytest.mark.anyio
 @pytest.mark.skipif(torch.cuda.is_available(), reason="auto picks cuda on this machine")
 async def test_the_loading_screen_opens_the_chat_on_the_cpu_by_default():
@@ -45,4 +80,4 @@ async def test_the_loading_screen_opens_the_chat_on_the_cpu_by_default():
         # screen's on_mount still queries its widgets)
         await wait_until(pilot, lambda: isinstance(app.screen, ChatScreen) and isinstance(app.focused, PromptInput),
                          timeout=120)
-        assert app.model.device.type == "cpu"
+        assert app.model.device.type == "cpu" and app.model.dtype == torch.float32
