@@ -12,7 +12,7 @@ import torch
 import elastic_local
 from elastic_local.engine import ElasticModel
 from elastic_local.hardware import Plan, get_profile
-from elastic_local.hardware.fit import live_profile, plan_checkpoint, summary
+from elastic_local.hardware.fit import in_float32, live_profile, plan_checkpoint, summary
 from elastic_local.hardware.profiles import GIB
 from elastic_local.paths import default_model
 from elastic_local.progress import Progress
@@ -73,10 +73,9 @@ def plan(o: Options) -> tuple[Plan, Pick]:
     chosen = next((x for x in p.candidates if x.budget == budget and x.precision == precision), None)
     dtype = None
     if o.device == "cpu":  # float32 where it fits (the C decode step, 2-3x bf16's speed here), else bf16
-        p32 = plan_checkpoint(o.dir, profile, context=o.context, float32=True)
-        wide = next((x for x in p32.candidates if x.budget == budget and x.precision == precision), None)
-        dtype = torch.float32 if wide is not None and wide.fits else torch.bfloat16
-        chosen = wide if dtype == torch.float32 else chosen
+        wide = in_float32(o.dir, profile, budget, precision, context=o.context)
+        dtype = torch.bfloat16 if wide is None else torch.float32
+        chosen = wide or chosen
     memory = ("memory ? (not a candidate of the plan)" if chosen is None else
               f"memory {chosen.total_bytes / GIB:.2f} of {p.available_bytes / GIB:.2f} GiB")
     return p, Pick(budget, precision, summary(p), memory, dtype)
