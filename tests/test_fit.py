@@ -302,21 +302,35 @@ def test_config_only_directory_plans_like_the_weights(tiny, tmp_path):
     assert c["full", "nvfp4"] == "stored" and c["full", "fp8"] == "load-time quantization"
 
 
+def least_memory_for(path, profile):
+    """`profile` with the least memory (to 64 KiB) in which the plan picks full in bf16."""
+    lo, hi = 0, 4 * GIB
+    while hi - lo > 2**16:
+        mid = (lo + hi) // 2
+        c = fit.plan_checkpoint(path, dataclasses.replace(profile, memory_bytes=mid, reserved_bytes=0)).pick
+        lo, hi = (lo, mid) if c is not None and (c.budget, c.precision) == ("full", "bf16") else (mid, hi)
+    return dataclasses.replace(profile, memory_bytes=hi, reserved_bytes=0)
+
+
 def test_choose_returns_the_pick_or_says_what_is_missing(tiny, no_user_profiles):
     prof = elastic_local.hardware.get_profile("rtx5080")
     assert fit.choose(tiny / "bf16", profile=prof) == ("full", "bf16", False)  # a GPU computes in bf16
     ram = dataclasses.replace(prof, kind="cpu", compute_capability=None)
     assert fit.choose(tiny / "bf16", profile=ram) == ("full", "bf16", True)  # a CPU in float32 where it fits
-    lo, hi = 0, 4 * GIB  # the least memory the bf16 pick fits in: there float32 cannot
-    while hi - lo > 2**16:
-        mid = (lo + hi) // 2
-        fits = fit.plan_checkpoint(tiny / "bf16", dataclasses.replace(ram, memory_bytes=mid, reserved_bytes=0)).pick
-        lo, hi = (lo, mid) if fits is not None and (fits.budget, fits.precision) == ("full", "bf16") else (mid, hi)
-    tight = dataclasses.replace(ram, memory_bytes=hi, reserved_bytes=0)
+    tight = least_memory_for(tiny / "bf16", ram)  # the full bf16 pick just fits: float32 cannot
     assert fit.choose(tiny / "bf16", profile=tight) == ("full", "bf16", False)
     tiny_gpu = dataclasses.replace(prof, memory_bytes=GIB + 2**20, reserved_bytes=0)
     with pytest.raises(ValueError, match="runs nothing"):
         fit.choose(fit.STAR_ELASTIC, profile=tiny_gpu)
+
+
+def test_fit_on_a_cpu_says_which_dtype_the_chat_computes_in(tiny, no_user_profiles, capsys):
+    """`fit` plans bf16; on a CPU profile its elastic-chat line says the chat computes in float32 where that
+    fits (with the float32 total), else in bf16 (what `in_float32` decides for the chat and load("auto"))."""
+    rc, out, _ = run_cli(capsys, "fit", str(tiny / "bf16"), "--profile", "cpu")
+    assert rc == 0 and "--precision bf16    # chat with full in bf16, float32 compute" in out
+    p = fit.plan_checkpoint(tiny / "bf16", least_memory_for(tiny / "bf16", elastic_local.hardware.get_profile("cpu")))
+    assert fit.next_steps(tiny / "bf16", p)[0].endswith("bf16 compute (float32, the CPU's fast path, does not fit)")
 
 
 def test_unsupported_quantization_is_a_clear_error(tiny, capsys, tmp_path):

@@ -169,6 +169,10 @@ def next_steps(path: str | Path, p: Plan) -> list[str]:
     path = Path(path)
     device = " --device cuda" if p.profile.kind == "cuda" else ""
     precision = c.precision if c.source == "stored" else f"{c.precision} (quantized while loading)"
+    if p.profile.kind == "cpu":  # what elastic-chat and load("auto") compute in there (in_float32)
+        wide = in_float32(path, p.profile, c.budget, c.precision, p.workload.context, p.workload.caches)
+        precision += (f", float32 compute (the CPU's fast path): {wide.total_bytes / GIB:.2f} GiB" if wide else
+                      ", bf16 compute (float32, the CPU's fast path, does not fit)")
     if weight_tensors(path) is not None:
         return [f"elastic-chat {path} --budget {c.budget} --precision {c.precision}{device}"
                 f"    # chat with {c.budget} in {precision}"]
@@ -183,7 +187,8 @@ def next_steps(path: str | Path, p: Plan) -> list[str]:
     return [f"# {path.name} is a description: it holds no weights, and elastic-local never downloads. "
             f"The {file.upper()} file ({c.budget} is a slice of it) is published as {repo}:",
             f"hf download {repo} --local-dir {local}",
-            f"elastic-chat {local} --budget {c.budget} --precision {c.precision}{device}",
+            f"elastic-chat {local} --budget {c.budget} --precision {c.precision}{device}"
+            + (f"    # {precision}" if p.profile.kind == "cpu" else ""),
             "elastic-chat    # meanwhile: the embedded demo model, no download"]
 
 
