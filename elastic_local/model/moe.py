@@ -140,7 +140,7 @@ def _experts_gathered(flat: torch.Tensor, w: MoEWeights, experts: int, channels:
 def _gather(w, experts: int, rows: int, cols: int, pick: torch.Tensor) -> torch.Tensor:
     """[len(pick), rows, cols]: block (rows, cols) of the experts `pick` of w [E, out, in] (or its CPU layout)."""
     if isinstance(w, (Transposed, Panels)):
-        return w[pick].block(0, rows, cols).dense().transpose(1, 2)
+        return w.block(0, rows, cols)[pick].dense().transpose(1, 2)  # cut (a view), then gather
     return w[:experts, :rows, :cols][pick]
 
 
