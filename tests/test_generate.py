@@ -13,10 +13,11 @@ import pytest
 import torch
 from gen_util import assert_argmax, elastic_model, sampled_tokens
 
+from elastic_local.engine import sampling
 from elastic_local.engine.caches import take_rows, transplant
 from elastic_local.engine.events import CatchUp, Done, Switch, Token
 from elastic_local.engine.generate import Generation, Request, Specials
-from elastic_local.engine.sampling import Sampling, logits_to_probs, sample
+from elastic_local.engine.sampling import Sampling, draw, logits_to_probs, sample
 
 CLOSE = "ok."  # a short closing text keeps the tests fast (the default is a sentence)
 
@@ -230,6 +231,24 @@ def test_sampling_is_seeded_and_filters(m):
     assert sample(logits, Sampling()).tolist() == [0, 3]
     with pytest.raises(ValueError):
         Sampling(temperature=-1)
+
+
+def test_draws_follow_the_probabilities_and_never_pick_a_zero():
+    rows = torch.tensor([[0.5, 0.0, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0]]).repeat(10000, 1)
+    ids = draw(rows, torch.Generator().manual_seed(0))
+    first = torch.bincount(ids[0::2], minlength=5) / 10000  # sd of each share about 0.005
+    assert first[1] == 0 and first[4] == 0
+    torch.testing.assert_close(first[[0, 2, 3]], torch.tensor([0.5, 0.3, 0.2]), atol=0.015, rtol=0)
+    assert (ids[1::2] == 4).all()
+
+
+@pytest.mark.parametrize("r", [0.0, 1.0])
+def test_a_draw_at_either_end_takes_a_likely_token(monkeypatch, r):
+    """r = 0, and u = r * total rounded up to the total itself (r = 1 stands for it): the first and the last
+    token with any probability take them, never a zero-probability token beside them nor an index past
+    the vocabulary."""
+    monkeypatch.setattr(sampling.torch, "rand", lambda shape, **kw: torch.full(shape, r, dtype=kw.get("dtype")))
+    assert draw(torch.tensor([[0.0, 0.25, 0.75, 0.0, 0.0]])).tolist() == [1 if r == 0 else 2]
 
 
 def test_transplant_reuses_states_and_counts_it(m):

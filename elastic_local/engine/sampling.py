@@ -61,4 +61,18 @@ def sample(logits: torch.Tensor, s: Sampling, generator: torch.Generator | None 
     """[B, V] logits -> [B] token ids."""
     if s.greedy:
         return logits.argmax(-1)
-    return torch.multinomial(logits_to_probs(logits, s), 1, generator=generator)[:, 0]
+    return draw(logits_to_probs(logits, s), generator)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """[B, V] probabilities -> [B] ids, by inverting the cumulative distribution at one uniform number per
+    row: the token j with c[j-1] <= u < c[j], which a zero-probability token never is.
+
+    Why not torch.multinomial: on a CPU it cost 85 us a draw at a 512-token vocabulary, 1.6 ms at 32k and
+    7.0 ms at 131k (Star Elastic's), against 18 / 81 / 257 us this way (2 threads), while a 100m model's
+    whole decode step takes about 9 ms (README, "Sampling")."""
+    c = probs.cumsum(-1)
+    total = c[:, -1:]
+    u = torch.rand(total.shape, generator=generator, device=c.device, dtype=c.dtype) * total
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # u * total may round up to it
+    return torch.searchsorted(c, u, right=True)[:, 0]
