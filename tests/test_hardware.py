@@ -246,6 +246,8 @@ GOOD = {"description": '"x"', "kind": '"cuda"', "memory_gib": "16", "compute_cap
     ({"descripton": '"typo"'}, "descripton"),
     ({"name": '"other"'}, "name"),
     ({"description": None}, "description"),
+    ({"cpu_kernels": '"yes"'}, "cpu_kernels"),
+    ({"cpu_kernels": "true"}, "cpu_kernels"),  # on a GPU profile
 ])
 def test_malformed_profile_names_file_and_field(tmp_path, change, field):
     fields = {**GOOD, **change}
@@ -351,7 +353,7 @@ def test_precision_gate_notes(no_user_profiles):
     assert not note("rtx3090", "12B", "fp8").native and "dequantiz" in note("rtx3090", "12B", "fp8").note
     assert note("rtx5080", "12B", "nvfp4").native and "native nvfp4" in note("rtx5080", "12B", "nvfp4").note
     assert not note("jetson-agx-orin-64gb", "12B", "fp8").native
-    assert not note("cpu", "12B", "nvfp4").native and not note("cpu", "12B", "fp8").native  # dequantized
+    assert note("cpu", "12B", "nvfp4").native and "in registers" in note("cpu", "12B", "nvfp4").note  # gemv.c
     # dequantizing needs a scratch matrix: workspace grows by one bf16 weight matrix, nothing else changes
     deq, nat = note("rtx4090", "12B", "nvfp4"), note("rtx5080", "12B", "nvfp4")
     assert deq.workspace_bytes - nat.workspace_bytes == 2 * SHAPES["12B"].largest_linear()
@@ -418,28 +420,35 @@ def test_cpu_profile_carries_a_measured_read_bandwidth(monkeypatch):
 
 
 def test_a_dequantized_precision_is_never_shown_faster_than_bf16(no_user_profiles):
-    """On a CPU fp8/nvfp4 run by dequantizing to bf16 tile by tile: their ceiling is bf16's, even though
-    they read fewer packed bytes; where they run natively (sm_120) they read fewer and decode faster."""
+    """A CPU without the C kernels (not x86, no compiler) runs fp8/nvfp4 by dequantizing to bf16 tile by
+    tile: their ceiling is bf16's, even though they read fewer packed bytes, and they need a scratch matrix.
+    Where they are read as stored (the CPU kernels, sm_120) they read fewer bytes and decode faster."""
     options = [dataclasses.replace(o, bf16_active_bytes=int(ACTIVE[o.budget])) for o in OPTIONS]
-    cpu = plan(get_profile("cpu"), SHAPES, options, Workload(context=4096))
-    gpu = plan(get_profile("rtx5090"), SHAPES, options, Workload(context=4096))
+    kernels = get_profile("cpu")
+    bare = dataclasses.replace(kernels, cpu_kernels=False)
+    plans = {p: plan(prof, SHAPES, options, Workload(context=4096))
+             for p, prof in (("bare", bare), ("kernels", kernels), ("gpu", get_profile("rtx5090")))}
     for b in SHAPES:
-        assert _by(cpu, b, "fp8").decode_tps_ceiling == _by(cpu, b, "bf16").decode_tps_ceiling
-        assert _by(cpu, b, "nvfp4").decode_tps_ceiling == _by(cpu, b, "bf16").decode_tps_ceiling
-        assert _by(gpu, b, "nvfp4").decode_tps_ceiling > _by(gpu, b, "fp8").decode_tps_ceiling \
-            > _by(gpu, b, "bf16").decode_tps_ceiling
+        bf16 = _by(plans["bare"], b, "bf16")
+        for q in ("fp8", "nvfp4"):
+            c = _by(plans["bare"], b, q)
+            assert not c.native and "dequantizing" in c.note and c.decode_tps_ceiling == bf16.decode_tps_ceiling
+            assert c.workspace_bytes > _by(plans["kernels"], b, q).workspace_bytes  # the scratch matrix
+        for p in ("kernels", "gpu"):
+            assert _by(plans[p], b, "nvfp4").decode_tps_ceiling > _by(plans[p], b, "fp8").decode_tps_ceiling \
+                > _by(plans[p], b, "bf16").decode_tps_ceiling
 
 
-def test_batch_workspace_is_one_chunk_or_one_token_per_row_never_their_product():
-    """The engine prefills rows one at a time in chunks and decodes the batch a token per row (batch/
-    scheduler.py, engine/cacheset.py): a batch of 8 needs the caches of 8, not 8 prefill chunks."""
-    profile = get_profile("h100-80gb")  # eager steps (CUDA graphs add per-row copies: the test below)
-    one, eight = (_by(plan(profile, SHAPES, OPTIONS, Workload(batch=b, prefill_chunk=1024, cuda_graphs=False)),
-                      "12B", "bf16") for b in (1, 8))
-    assert eight.workspace_bytes == one.workspace_bytes and eight.kv_bytes == 8 * one.kv_bytes
-    many = _by(plan(profile, SHAPES, OPTIONS, Workload(batch=2048, prefill_chunk=1024, cuda_graphs=False)),
-               "12B", "bf16")
-    assert many.workspace_bytes > one.workspace_bytes  # 2048 rows decoding together outgrow one chunk
+def test_a_cpu_profile_says_whether_the_kernels_run(monkeypatch):
+    """The live CPU profile carries the probe's answer; a profile file says it in `cpu_kernels`."""
+    from elastic_local.model import gemv
+
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)
+    for runs in (True, False):
+        monkeypatch.setattr(gemv, "runs_here", lambda runs=runs: runs)
+        prof = profile_from_probe(probe_machine())
+        assert prof.cpu_kernels is runs and prof.to_dict()["cpu_kernels"] is runs
+        assert compute_gate(prof, "nvfp4")[0] is runs
 
 
 def test_cuda_graph_steps_add_the_experts_each_row_gathers_on_a_gpu(no_user_profiles):

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 
 import psutil
 
+from ..model import gemv
+
 
 class _NvmlStepError(Exception):
     """An NVML call we cannot do without failed; carries which call, for the note."""
@@ -73,6 +75,7 @@ class MachineProbe:
     cpu_logical_cores: int | None
     notes: list[str] = field(default_factory=list)
     ram_read_gbps: float | None = None  # measured when no GPU runs the model: the CPU's decode ceiling
+    cpu_kernels: bool = False  # model/gemv.c's kernels run here (x86 with AVX2 and a C compiler)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -283,4 +286,5 @@ def probe_machine() -> MachineProbe:
         ram_total_bytes=vm.total, ram_available_bytes=vm.available,
         cpu_physical_cores=psutil.cpu_count(logical=False), cpu_logical_cores=psutil.cpu_count(logical=True),
         notes=notes, ram_read_gbps=None if gpus or t.cuda else ram_read_bandwidth_gbps(),
+        cpu_kernels=gemv.runs_here(),
     )

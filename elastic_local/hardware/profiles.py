@@ -12,6 +12,8 @@ Schema of `profiles/<name>.toml` (one table, top level; unknown keys are errors,
     memory_bandwidth_gbps = 960   # required: peak memory bandwidth, GB/s (1e9 bytes/s)
     reserved_mib = 1024           # optional (default 0), at most one of reserved_mib / reserved_bytes:
                                   #   what the driver, OS and desktop take before we load anything
+    cpu_kernels = true            # optional, kind "cpu" only (default false): an x86 CPU with AVX2, where
+                                  #   model/gemv.c's kernels run (FP8 / NVFP4 decoded in registers)
     notes = "..."                 # optional
     source = "..."                # optional: where the figures come from
 
@@ -37,7 +39,7 @@ from .probe import MachineProbe, probe_machine
 KINDS = ("cuda", "unified", "cpu")
 GIB, MIB = 2**30, 2**20
 _KEYS = {"name", "description", "kind", "memory_gib", "memory_bytes", "compute_capability",
-         "memory_bandwidth_gbps", "reserved_mib", "reserved_bytes", "notes", "source"}
+         "memory_bandwidth_gbps", "reserved_mib", "reserved_bytes", "cpu_kernels", "notes", "source"}
 
 
 class ProfileError(ValueError):
@@ -53,6 +55,7 @@ class Profile:
     memory_bandwidth_gbps: float | None  # None: unknown (a live machine NVML could not measure)
     compute_capability: tuple[int, int] | None = None
     reserved_bytes: int = 0
+    cpu_kernels: bool = False  # kind "cpu": model/gemv.c's kernels run there (FP8 / NVFP4 read as packed)
     notes: str = ""
     source: str = ""
     path: Path | None = None  # the file it came from; None for "auto"
@@ -73,7 +76,8 @@ class Profile:
             "memory_bytes": self.memory_bytes, "reserved_bytes": self.reserved_bytes,
             "available_bytes": self.available_bytes,
             "compute_capability": None if cc is None else f"{cc[0]}.{cc[1]}",
-            "memory_bandwidth_gbps": self.memory_bandwidth_gbps, "notes": self.notes, "source": self.source,
+            "memory_bandwidth_gbps": self.memory_bandwidth_gbps, "cpu_kernels": self.cpu_kernels,
+            "notes": self.notes, "source": self.source,
             "path": None if self.path is None else str(self.path),
         }
 
@@ -166,10 +170,15 @@ def parse_profile(raw: dict, path: Path) -> Profile:
     bandwidth = _number(path, raw, "memory_bandwidth_gbps", positive=True)
     if bandwidth is None:
         raise ProfileError(f"{path}: field 'memory_bandwidth_gbps' is required")
+    kernels = raw.get("cpu_kernels", False)
+    if not isinstance(kernels, bool):
+        raise ProfileError(f"{path}: field 'cpu_kernels' must be true or false, got {kernels!r}")
+    if kernels and kind != "cpu":
+        raise ProfileError(f"{path}: field 'cpu_kernels' is for kind 'cpu' (this profile is {kind!r}); remove it")
     return Profile(
         name=name, description=_text(path, raw, "description", required=True), kind=kind,
         memory_bytes=memory, memory_bandwidth_gbps=float(bandwidth),
-        compute_capability=_capability(path, raw, kind), reserved_bytes=reserved,
+        compute_capability=_capability(path, raw, kind), reserved_bytes=reserved, cpu_kernels=kernels,
         notes=_text(path, raw, "notes"), source=_text(path, raw, "source"), path=path,
     )
 
@@ -244,7 +253,7 @@ def profile_from_probe(p: MachineProbe, device: int | None = None) -> Profile:
     return Profile(
         name="auto", description=f"live: CPU ({p.cpu_physical_cores} cores)", kind="cpu",
         memory_bytes=p.ram_total_bytes, memory_bandwidth_gbps=p.ram_read_gbps,
-        reserved_bytes=p.ram_total_bytes - p.ram_available_bytes,
+        reserved_bytes=p.ram_total_bytes - p.ram_available_bytes, cpu_kernels=p.cpu_kernels,
         notes="; ".join([ram, *bw, *p.notes]), source="psutil",
     )
 

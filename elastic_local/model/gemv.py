@@ -119,6 +119,12 @@ def _supported() -> bool:
             and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"))
 
 
+def runs_here() -> bool:
+    """Whether the kernels run on this machine, without building them: a supported CPU, and the library
+    built or a C compiler to build it (the fit planner's live CPU profile)."""
+    return _supported() and (library_path().is_file() or shutil.which(os.environ.get("CC") or "cc") is not None)
+
+
 def prebuild() -> threading.Thread | None:
     """Build the library in the background if it is not built yet. The loader calls this so that the
     ~2 s a build takes (once per install) overlaps the weights' load; the loader then asks `library()`
