@@ -17,7 +17,7 @@ from elastic_local.engine import sampling
 from elastic_local.engine.caches import take_rows, transplant
 from elastic_local.engine.events import CatchUp, Done, Switch, Token
 from elastic_local.engine.generate import Generation, Request, Specials
-from elastic_local.engine.sampling import Sampling, draw, logits_to_probs, sample
+from elastic_local.engine.sampling import Sampling, draw, logits_to_probs, nucleus, sample
 
 CLOSE = "ok."  # a short closing text keeps the tests fast (the default is a sentence)
 
@@ -231,6 +231,23 @@ def test_sampling_is_seeded_and_filters(m):
     assert sample(logits, Sampling()).tolist() == [0, 3]
     with pytest.raises(ValueError):
         Sampling(temperature=-1)
+
+
+@pytest.mark.parametrize("top_p", [0.9, 0.99])
+def test_the_nucleus_equals_the_one_a_full_sort_gives(top_p):
+    """Against the definition on the whole sorted vocabulary: rows whose nucleus fits in the first 256
+    tokens, in 4096, and only in all 70000, together in one batch (each stage of `nucleus`)."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 70000, generator=g) * torch.tensor([[12.0], [6.0], [4.5], [3.5], [3.0], [0.5]])
+    probs = logits.softmax(-1)
+    p, order = probs.sort(dim=-1, descending=True)
+    keep = p.cumsum(-1) - p < top_p
+    want = torch.zeros_like(probs).scatter(-1, order, p * keep)
+    assert torch.equal(nucleus(probs, top_p), want)  # the batch: its widest row takes every stage
+    for row in range(6):  # alone: each row ends at its own stage
+        assert torch.equal(nucleus(probs[row:row + 1], top_p), want[row:row + 1])
+    sizes = keep.sum(-1)
+    assert sizes.min() <= 256 and ((sizes > 256) & (sizes <= 4096)).any() and sizes.max() > 4096
 
 
 def test_draws_follow_the_probabilities_and_never_pick_a_zero():

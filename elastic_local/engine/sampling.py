@@ -49,12 +49,27 @@ def logits_to_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
         logits = logits.masked_fill(logits < kth, -torch.inf)
     probs = logits.softmax(-1)
     if s.top_p < 1.0:
-        p, order = probs.sort(dim=-1, descending=True)
-        drop = p.cumsum(-1) - p >= s.top_p  # the mass before a token already reaches top_p (keeps the first)
-        probs = probs.scatter(-1, order, p.masked_fill(drop, 0.0))
+        probs = nucleus(probs, s.top_p)
     if s.min_p > 0.0:
         probs = probs.masked_fill(probs < s.min_p * probs.amax(-1, keepdim=True), 0.0)
     return probs / probs.sum(-1, keepdim=True)
+
+
+def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """[B, V] probabilities with every token outside the top-p nucleus zeroed: the most likely tokens up to
+    the first whose mass before it already reaches top_p (the most likely one always stays).
+
+    Why not one sort of the vocabulary: on a CPU it cost 16 ms a token at 131k tokens (2 threads), while
+    a trained model's nucleus is rarely more than a few hundred tokens. The most likely 256 are taken first
+    (0.6 ms); only where they hold less than top_p, 4096, then all of them; a stage at least 16 times
+    smaller than the vocabulary, else it costs more than it saves (README, "Sampling")."""
+    vocab = probs.shape[-1]
+    for k in [k for k in (256, 4096) if 16 * k <= vocab] + [vocab]:
+        p, order = probs.topk(k, dim=-1)  # sorted, most likely first
+        mass = p.cumsum(-1)
+        if k == vocab or bool((mass[:, -1] >= top_p).all()):  # every token past k has top_p before it
+            break
+    return torch.zeros_like(probs).scatter_(-1, order, p.masked_fill(mass - p >= top_p, 0.0))
 
 
 def sample(logits: torch.Tensor, s: Sampling, generator: torch.Generator | None = None) -> torch.Tensor:
