@@ -42,11 +42,11 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* e4m3 bytes -> fp16s holding value / 2^8 (8 at a time, or 16): e4m3 is fp16 with 4 exponent bits and 3 mantissa bits,
-   so the magnitude bits move up by 7 and the sign by 8; subnormals stay subnormal, exactly. Each byte is
-   sign-extended to 16 bits, so after the shift by 7 its sign fills bits 14 and 15, and clearing bit 14
-   leaves it in 15 (one operation fewer than moving the sign on its own: 1.13-1.16x for FP8's dot
-   product, scratch, one thread). */
+/* e4m3 bytes -> fp16s holding value / 2^8, 8 or 16 at a time: e4m3 is fp16 with 4 exponent bits and 3
+   mantissa bits, so the magnitude bits move up by 7 and the sign by 8; subnormals stay subnormal, exactly.
+   Each byte is sign-extended to 16 bits, so after the shift by 7 its sign fills bits 14 and 15, and
+   clearing bit 14 leaves it in 15 (one operation fewer than moving the sign on its own: 1.13-1.16x for
+   FP8's dot product, scratch, one thread). */
 static inline __m128i e4m3x8_as_f16(__m128i bytes) { /* the low 8 bytes */
     return _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(bytes), 7), _mm_set1_epi16((short)0xBFFF));
 }
