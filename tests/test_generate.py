@@ -259,6 +259,13 @@ def test_draws_follow_the_probabilities_and_never_pick_a_zero():
     assert (ids[1::2] == 4).all()
 
 
+def test_a_draw_from_non_numbers_says_so():
+    """torch.multinomial refused NaN probabilities; the draw must too, not hand back an arbitrary id."""
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="not finite"):
+            draw(torch.tensor([[0.5, 0.5], [bad, 0.5]]))
+
+
 @pytest.mark.parametrize("r", [0.0, 1.0])
 def test_a_draw_at_either_end_takes_a_likely_token(monkeypatch, r):
     """r = 0, and u = r * total rounded up to the total itself (r = 1 stands for it): the first and the last

@@ -65,7 +65,7 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     where it is at most 1/16 of the vocabulary, else it costs more than it saves (README, "Sampling")."""
     vocab = probs.shape[-1]
     for k in [k for k in (256, 4096) if 16 * k <= vocab] + [vocab]:
-        p, order = probs.topk(k, dim=-1)  # sorted, most likely first
+        p, order = probs.topk(k, dim=-1) if k < vocab else probs.sort(dim=-1, descending=True)
         mass = p.cumsum(-1)
         if k == vocab or bool((mass[:, -1] >= top_p).all()):  # every token past k has top_p before it
             break
@@ -88,6 +88,11 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch
     step takes about 10 ms (README, "Sampling")."""
     c = probs.cumsum(-1)
     total = c[:, -1:]
-    u = torch.rand(total.shape, generator=generator, device=c.device, dtype=c.dtype) * total
-    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # u * total may round up to it
+    if not 0 < float(total.sum()) < math.inf:  # a NaN anywhere fails both comparisons
+        raise ValueError("cannot draw a token: the model's next-token probabilities are not finite numbers "
+                         "(NaN or infinite logits); its weights or the compute dtype overflowed: try dtype "
+                         "float32, or check the checkpoint")
+    # u < total even after rounding: below total by 2^-23 of it, at least one float32 step (a uniform
+    # number times the total itself could round up to it, past every token)
+    u = torch.rand(total.shape, generator=generator, device=c.device, dtype=c.dtype) * (total * (1 - 2**-23))
     return torch.searchsorted(c, u, right=True)[:, 0]
