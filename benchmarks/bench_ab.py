@@ -12,7 +12,7 @@ per decode step and the working tree's speed-up (above 1: faster). Both sides ru
 step.py, so `--base` must read what it describes (from the column panels on; across a change to the
 layout, bench_revs.py runs each revision's own Python).
 `gen` is bench_generate.py's nested model (budgets full / mid / small), for changes to what every layer
-costs whatever its budget.
+costs whatever its budget; `gen16` the same with its Linear weights stored BF16 (as published files are).
 """
 
 from __future__ import annotations
@@ -59,10 +59,10 @@ def build(rev: str, where: Path) -> ctypes.CDLL:
 
 
 def checkpoint(name: str) -> Path:
-    if name == "gen":
+    if name in ("gen", "gen16"):
         import bench_generate
 
-        return bench_generate.build()
+        return bench_generate.build() if name == "gen" else bench_generate.build_bf16()
     return build_checkpoint(name)
 
 

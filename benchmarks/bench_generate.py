@@ -66,6 +66,24 @@ BUDGETS = {"mid": 0.6, "small": 0.35}
 # ---------------------------------------------------------------------------------------------- model
 
 
+def build_bf16() -> Path:
+    """benchmarks/_work/gen/nested-bf16: the same nested model with its Linear weights, embeddings and LM
+    head stored in BF16, as published checkpoints store them (the float32 original keeps bench_decode's
+    comparisons with llama.cpp's f32 GGUFs like for like). Rebuilt with `build`."""
+    from safetensors.torch import load_file, save_file
+
+    src = build()
+    out = WORK / "nested-bf16"
+    if (out / "model.safetensors").is_file() and out.stat().st_mtime >= src.stat().st_mtime:
+        return out
+    shutil.copytree(src, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.safetensors*"))
+    for f in src.glob("*.safetensors"):
+        tensors = load_file(f)
+        save_file({k: t.bfloat16() if k.endswith(("proj.weight", "lm_head.weight", "embeddings.weight")) else t
+                   for k, t in tensors.items()}, out / f.name, metadata={"format": "pt"})
+    return out
+
+
 def build(rebuild: bool = False) -> Path:
     """benchmarks/_work/gen/nested: random weights nested into full / mid / small, plus a tokenizer."""
     from random_model import write_random_parent

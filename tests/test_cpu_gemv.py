@@ -173,6 +173,25 @@ def test_many_rows_on_panel_float32_weights_and_views_equal_torch_matmul(shape, 
         torch.testing.assert_close(got, F.linear(x[:, :cols], w[r0:r1, :cols]), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 4, 7, 130, 300])
+@pytest.mark.parametrize("shape", [(300, 80), (33, 1000), (5000, 700)])
+def test_bf16_panels_give_exactly_the_float32_panels_results(shape, rows, threads):
+    """BF16 weights kept in bf16 panels (a float32 load of a BF16 file on the kernels) are widened as they
+    are read: every view, decode-sized and prompt-sized, sums exactly what the same weight upcast to float32
+    panels sums (inputs past one 256-row slab of the tiles: 1000, 700)."""
+    from elastic_local.model.linear import Panels
+
+    out, k = shape
+    w = weight(shape, seed=6).bfloat16()
+    half, full = Panels.of(w), Panels.of(w.float())
+    assert half.p.dtype == torch.bfloat16 and torch.equal(half.dense(), full.dense())
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    for r0, r1, cols in views(out, k):
+        got = half.block(r0, r1, cols).linear(x[:, :cols])
+        assert torch.equal(got, full.block(r0, r1, cols).linear(x[:, :cols])), (r0, r1, cols)
+        torch.testing.assert_close(got, F.linear(x[:, :cols], w[r0:r1, :cols].float()), rtol=1e-5, atol=1e-4)
+
+
 class Spy:
     """The kernels' library, noting which entry points are called."""
 
@@ -292,6 +311,47 @@ def test_both_layouts_decode_every_budget_like_torch_matmul(tmp_path, monkeypatc
                 assert torch.equal(got, want), name
                 for a, b in zip(got_logits, want_logits):
                     torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_a_bf16_file_loads_into_bf16_panels_and_decodes_like_its_float32_weights(tmp_path, monkeypatch, threads):
+    """A float32 CPU load of a BF16 checkpoint keeps its Linear weights and LM head in bf16 column panels
+    (half of float32's memory; embeddings and norms in float32). Every budget then decodes what the same
+    weights give in float32 on torch's path (kernels off): batched steps (the panels' entry points) and one
+    sequence (the C step), token for token."""
+    from test_compiled_decode import decode
+    from tiny import ALIGNED
+
+    from elastic_local.elastic.nest import nest
+    from elastic_local.model.linear import Panels, Transposed
+
+    make_checkpoint(tmp_path / "f32", seed=3, **ALIGNED).to(torch.bfloat16).save_pretrained(tmp_path / "parent")
+    nested = nest(tmp_path / "parent", tmp_path / "nested", {"half": 0.5})
+    kernels = gemv.library()
+    m = elastic_local.load(nested)
+    weights = [w for layer in m.net.layers for w in vars(layer.mixer).values() if isinstance(w, Panels)]
+    assert weights and {w.p.dtype for w in weights} == {m.net.lm_head.p.dtype} == {torch.bfloat16}
+    assert m.net.embed.dtype == torch.float32
+    monkeypatch.setattr(gemv, "_library", None)
+    ref = elastic_local.load(nested)  # where the kernels do not run the bf16 weights are widened
+    assert isinstance(ref.net.lm_head, Transposed) and ref.net.lm_head.t.dtype == torch.float32
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 96, (n,), generator=g) for n in (9, 4)]
+    with torch.inference_mode():
+        for name in m.budgets:
+            monkeypatch.setattr(gemv, "_library", None)
+            want_logits, want = decode(ref.net, ref.budget(name), prompts, 6)
+            want_one = ref.generate(prompts[0].tolist(), answer_budget=name, think_budget=name,
+                                    max_think_tokens=3, max_answer_tokens=6, ignore_eos=True).ids
+            spy = Spy(kernels)
+            monkeypatch.setattr(gemv, "_library", spy)
+            got_logits, got = decode(m.net, m.budget(name), prompts, 6)
+            assert "gemv_p_bf16" in spy.called and "gemm_p_bf16" in spy.called
+            assert torch.equal(got, want), name
+            for a, b in zip(got_logits, want_logits):
+                torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+            assert m.generate(prompts[0].tolist(), answer_budget=name, think_budget=name, max_think_tokens=3,
+                              max_answer_tokens=6, ignore_eos=True).ids == want_one, name
+            assert m.net.c_steps[m.budget(name)] is not None  # the one sequence ran in the C step
 
 
 def test_loading_builds_the_kernels_in_the_background(monkeypatch, tmp_path):

@@ -26,7 +26,7 @@ from ..progress import Progress
 from ..quant.fp8 import FP8Weight
 from ..quant.linear import QuantizedWeight
 from ..quant.nvfp4 import NVFP4Weight
-from ..quant.scheme import GROUP_SIZE, PRECISIONS, is_quantized, quantize, read_quant_config, stored_tensors
+from ..quant.scheme import GROUP_SIZE, PRECISIONS, is_linear, is_quantized, quantize, read_quant_config, stored_tensors
 from .files import CheckpointError, Reader, TensorInfo, index_tensors
 
 log = logging.getLogger(__name__)
@@ -157,12 +157,14 @@ def verify_tensors(path: str | Path, cfg: NemotronHConfig, tensors: dict[str, Te
 def load_network(path: str | Path, resident: Budget | None = None, stored: Budget | None = None,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                  progress: Progress | None = None, precision: str | None = None,
-                 keep: tuple[str, ...] = ()) -> NemotronH:
+                 keep: tuple[str, ...] = (), linear_dtype: torch.dtype | None = None) -> NemotronH:
     """Read the weights of `resident` (default: everything stored) into a NemotronH on `device`.
 
     `precision` None keeps what the file stores; "fp8" / "nvfp4" from a BF16 file quantize each Linear
     as it is read (peak memory: the quantized model plus one tensor), `keep` naming modules to leave
-    alone; "bf16" from a quantized file dequantizes to `dtype`."""
+    alone; "bf16" from a quantized file dequantizes to `dtype`. `linear_dtype`: the dtype of the Linear
+    weights and LM head the file stores in BF16 (`quant.scheme.is_linear`), where not `dtype`: engine.load
+    keeps them bf16 in a float32 CPU load (half the memory; the C kernels widen them exactly)."""
     path = Path(path)
     cfg = NemotronHConfig.from_dir(path)
     stored = stored or stored_budget(cfg)
@@ -185,7 +187,10 @@ def load_network(path: str | Path, resident: Budget | None = None, stored: Budge
     def get(name: str, *index) -> torch.Tensor:
         # a fresh, contiguous copy: a zero-copy view would keep the file's pages (whole rows of a column
         # prefix) mapped and counted, and strided weights take the slow matmul path
-        return _owned(reader.read(name, *index), device, torch.float32 if keeps_fp32(name) else dtype)
+        to = torch.float32 if keeps_fp32(name) else dtype
+        if linear_dtype is not None and is_linear(name) and reader.info(name).dtype == "BF16":
+            to = linear_dtype
+        return _owned(reader.read(name, *index), device, to)
 
     def get_linear(name: str, rows, cols):
         """A Linear weight as this run keeps it: a tensor, or a quantized weight (stored, or quantized now

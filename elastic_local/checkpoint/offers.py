@@ -37,12 +37,12 @@ class Offer:
     keep: tuple[str, ...] = ()  # module globs kept in high precision (Model Optimizer's exclude_modules)
 
     def resident_bytes(self, cfg: NemotronHConfig, b: Budget, keep: tuple[str, ...] = (),
-                       active: bool = False, float32: bool = False) -> int:
+                       active: bool = False, float32: bool = False, bf16_linears: bool = False) -> int:
         """Bytes budget `b` keeps resident in this form (`active`: read per decoded token; `float32`: loaded
-        for float32 compute); `keep` names the modules a load-time quantization leaves in BF16 (a stored
-        file's own list wins)."""
+        for float32 compute, `bf16_linears` its Linear weights kept bf16 as on a CPU with the C kernels);
+        `keep` names the modules a load-time quantization leaves in BF16 (a stored file's own list wins)."""
         return weight_bytes(cfg, b, self.precision, self.keep if self.source == "stored" else keep, active=active,
-                            float32=float32)
+                            float32=float32, bf16_linears=bf16_linears)
 
 
 def weight_tensors(path: Path) -> dict[str, TensorInfo] | None:

@@ -82,8 +82,9 @@ def _linear_kernel(precision: str, device: str) -> str:
     dev = torch.device(device)
     cpu_decode = dev.type == "cpu" and gemv.library() is not None  # model/gemv.py: x86 CPUs with a C compiler
     if precision == "bf16":
-        return ("dense (float32 weights kept in column panels: decode in C, model/step.c on model/gemv.c, "
-                "prompts on gemv.c's tiles over the same panels; bfloat16: oneDNN / MKL)") if cpu_decode else \
+        return ("dense (float32 compute, weights kept in column panels, a BF16 file's in bf16 widened as they "
+                "are read: decode in C, model/step.c on model/gemv.c, prompts on gemv.c's tiles over the same "
+                "panels; bfloat16: oneDNN / MKL)") if cpu_decode else \
             "dense (oneDNN / cuBLAS)"
     k = kernels.active()
     cap = k.capability(dev) if k.op("scaled_mm", dev) is not None else None

@@ -74,9 +74,13 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     resident = budgets[budget] if budget is not None else next(iter(budgets.values()))
     if torch.device(device).type == "cpu":
         gemv.prebuild()  # the CPU decode kernels, built while the weights load (first run after an install)
+    panels = torch.device(device).type == "cpu" and dtype == torch.float32 and cpu_layout() == "transposed"
+    # BF16 Linear weights stay bf16 for the panels (half of float32's memory and bytes per token; the
+    # kernels widen them exactly); where the kernels turn out not to run they are widened below
     net = load_network(path, resident=resident, stored=stored_budget(cfg), dtype=dtype, device=device,
-                       progress=progress, precision=precision, keep=keep)
-    if torch.device(device).type == "cpu" and dtype == torch.float32 and cpu_layout() == "transposed":
+                       progress=progress, precision=precision, keep=keep,
+                       linear_dtype=torch.bfloat16 if panels else None)
+    if panels:
         # float32 only (in bf16 `x @ t` is the slower path, linear.Transposed); panels where the kernels run,
         # so the first run after an install waits here for the build `prebuild` started (about 2 s)
         if progress is not None and gemv.building():

@@ -77,18 +77,20 @@ def plan_checkpoint(path: str | Path, profile: Profile, context: int = 32768, ca
     """Cost every (budget, precision) the directory offers on `profile`; `keep` names the modules a
     load-time quantization keeps in BF16 (none by default). `float32`: for a float32 load instead of the
     bf16 one the plan otherwise assumes (high-precision weights, KV cache, conv state and activations at
-    4 bytes): a CPU's decode runs its C step only in float32 (README, "C decode step")."""
+    4 bytes): a CPU's decode runs its C step only in float32 (README, "C decode step"). On a CPU with the C
+    kernels (`profile.cpu_kernels`) that load keeps BF16 Linear weights in bf16 (engine.load)."""
     path = Path(path)
     cfg = NemotronHConfig.from_dir(path)
     budgets = read_budgets(cfg, where=str(path / "config.json"))
     shapes = {name: arch_shape(cfg, b) for name, b in budgets.items()}
     available = offers(path, cfg)
     options = []
+    f32 = dict(float32=float32, bf16_linears=float32 and profile.kind == "cpu" and profile.cpu_kernels)
     for name, b in budgets.items():
         for o in available:
-            options.append(WeightOption(name, o.precision, o.resident_bytes(cfg, b, keep, float32=float32),
-                                        o.resident_bytes(cfg, b, keep, active=True, float32=float32), o.source,
-                                        weight_bytes(cfg, b, "bf16", active=True, float32=float32)))
+            options.append(WeightOption(name, o.precision, o.resident_bytes(cfg, b, keep, **f32),
+                                        o.resident_bytes(cfg, b, keep, active=True, **f32), o.source,
+                                        weight_bytes(cfg, b, "bf16", active=True, **f32)))
     return plan(profile, shapes, options,
                 runtime_workload(context, caches, batch, margin_bytes, 4 if float32 else COMPUTE_BYTES))
 

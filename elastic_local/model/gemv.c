@@ -75,6 +75,8 @@ static inline __m256 bf16_as_f32(__m128i h) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+static inline __m256 bf16x8(const uint16_t *h) { return bf16_as_f32(_mm_loadu_si128((const __m128i *)h)); }
+
 static inline float dot_bf16(const float *x, const uint16_t *w, int64_t K) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     int64_t k = 0;
@@ -262,15 +264,17 @@ static inline void panel_range(int64_t skip, int64_t n0, int64_t n1, int64_t *q0
 
 /* y[:, n0:n1] = x [M, K] times a panel view's outputs [n0, n1) (y's rows N apart), NB panels at a time:
    MC rows of x at a time (they stay in L2 beside the NB panels' KC rows) run over each panel, so every
-   block of a panel is read from memory once per MC rows. `c`: PANEL_SCRATCH floats. */
+   block of a panel is read from memory once per MC rows. `c`: PANEL_SCRATCH floats. bf16 panels (`bf16`:
+   p holds bf16) are widened to float32 KC rows of a panel at a time, into c, and the tiles run on that. */
 #define NB 8
 #define MC 128
-#define PANEL_SCRATCH (4 * PW)
+#define PANEL_SCRATCH (4 * PW + KC * PW)
 const int64_t gemm_p_scratch = PANEL_SCRATCH; /* for step.c's experts */
-void gemm_p_part(const float *x, const float *p, int64_t ps, int64_t skip, float *y, int64_t M, int64_t N,
-                 int64_t K, int64_t n0, int64_t n1, float *c) {
+void gemm_p_part(const float *x, const void *p, int64_t ps, int64_t skip, float *y, int64_t M, int64_t N,
+                 int64_t K, int64_t n0, int64_t n1, float *c, int bf16) {
     int64_t q0, q1;
     panel_range(skip, n0, n1, &q0, &q1);
+    float *wide = c + 4 * PW;
     for (int64_t b = q0; b < q1; b += NB) {
         const int64_t e = b + NB < q1 ? b + NB : q1;
         for (int64_t k0 = 0; k0 < K; k0 += KC) {
@@ -279,16 +283,22 @@ void gemm_p_part(const float *x, const float *p, int64_t ps, int64_t skip, float
                 for (int64_t q = b; q < e; q++) {
                     const int64_t lo = q * PW - skip > n0 ? q * PW - skip : n0;
                     const int64_t hi = q * PW + PW - skip < n1 ? q * PW + PW - skip : n1;
-                    panel_product(x + m0 * K + k0, K, M - m0 < MC ? M - m0 : MC, p + q * ps + k0 * PW, kc,
-                                  y + m0 * N + lo, N, lo - (q * PW - skip), hi - lo, k0 > 0, c);
+                    const float *slab = (const float *)p + q * ps + k0 * PW;
+                    if (bf16) {
+                        const uint16_t *h = (const uint16_t *)p + q * ps + k0 * PW;
+                        for (int64_t i = 0; i < kc * PW; i += 8) _mm256_storeu_ps(wide + i, bf16x8(h + i));
+                        slab = wide;
+                    }
+                    panel_product(x + m0 * K + k0, K, M - m0 < MC ? M - m0 : MC, slab, kc, y + m0 * N + lo, N,
+                                  lo - (q * PW - skip), hi - lo, k0 > 0, c);
                 }
         }
     }
 }
 
 /* y [M, N] = x [M, K] times a panel view: each thread takes a share of its panels. */
-int gemm_p_f32(const float *x, const float *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps,
-               int64_t skip, int threads) {
+static void gemm_p(const float *x, const void *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps,
+                   int64_t skip, int threads, int bf16) {
     #pragma omp parallel num_threads(threads) if (M * N * K >= 1 << 20)
     {
         int64_t parts = 1, part = 0, q0, q1;
@@ -300,8 +310,19 @@ int gemm_p_f32(const float *x, const float *p, float *y, int64_t M, int64_t N, i
         const int64_t n0 = a * PW - skip < 0 ? 0 : (a * PW - skip < N ? a * PW - skip : N);
         const int64_t n1 = b * PW - skip < N ? (b * PW - skip > n0 ? b * PW - skip : n0) : N;
         float c[PANEL_SCRATCH];
-        if (n0 < n1) gemm_p_part(x, p, ps, skip, y, M, N, K, n0, n1, c);
+        if (n0 < n1) gemm_p_part(x, p, ps, skip, y, M, N, K, n0, n1, c, bf16);
     }
+}
+
+int gemm_p_f32(const float *x, const float *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps,
+               int64_t skip, int threads) {
+    gemm_p(x, p, y, M, N, K, ps, skip, threads, 0);
+    return 0;
+}
+
+int gemm_p_bf16(const float *x, const uint16_t *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps,
+                int64_t skip, int threads) {
+    gemm_p(x, p, y, M, N, K, ps, skip, threads, 1);
     return 0;
 }
 
@@ -401,9 +422,10 @@ void part_f32(const float *x, const float *w, float *y, int64_t M, int64_t N, in
         for (int64_t m = 0; m < M; m++) y[m * N + n] = dot_f32(x + m * K, w + n * ldw, K);
 }
 
-/* o[0:24G] = sums of G panels over K rows of one x: 3G accumulators, G streams. */
-static inline __attribute__((always_inline)) void panels_dot(int G, const float *x, const float *p, int64_t ps,
-                                                             int64_t K, float *o) {
+/* o[0:24G] = sums of G panels over K rows of one x: 3G accumulators, G streams; bf16 panels widened as
+   they are read (exactly: the sums are those of the same panels in float32). */
+static inline __attribute__((always_inline)) void panels_dot(int G, int bf16, const float *x, const void *p,
+                                                             int64_t ps, int64_t K, float *o) {
     __m256 acc[4][3];
     for (int g = 0; g < G; g++)
         for (int v = 0; v < 3; v++) acc[g][v] = _mm256_setzero_ps();
@@ -411,7 +433,9 @@ static inline __attribute__((always_inline)) void panels_dot(int G, const float 
         const __m256 xk = _mm256_broadcast_ss(x + k);
         for (int g = 0; g < G; g++)
             for (int v = 0; v < 3; v++)
-                acc[g][v] = _mm256_fmadd_ps(xk, _mm256_loadu_ps(p + g * ps + PW * k + 8 * v), acc[g][v]);
+                acc[g][v] = _mm256_fmadd_ps(xk, bf16 ? bf16x8((const uint16_t *)p + g * ps + PW * k + 8 * v)
+                                                     : _mm256_loadu_ps((const float *)p + g * ps + PW * k + 8 * v),
+                                            acc[g][v]);
     }
     for (int g = 0; g < G; g++)
         for (int v = 0; v < 3; v++) _mm256_storeu_ps(o + PW * g + 8 * v, acc[g][v]);
@@ -420,19 +444,23 @@ static inline __attribute__((always_inline)) void panels_dot(int G, const float 
 /* y[n0:n1] = x [K] times a panel view's outputs [n0, n1): four panels at a time (measured against the
    plain transpose on 2 threads, scratch: budget views that cut the outputs 1.4-1.65x, whole rows
    0.96-0.98x; one panel at a time, one stream, lost 0.65-0.84x on wide weights). */
-void panels_vec(const float *x, const float *p, int64_t ps, int64_t skip, int64_t K, float *y, int64_t n0,
-                int64_t n1) {
+void panels_vec(const float *x, const void *p, int64_t ps, int64_t skip, int64_t K, float *y, int64_t n0,
+                int64_t n1, int bf16) {
     int64_t q, q1;
     panel_range(skip, n0, n1, &q, &q1);
     float o[4 * PW];
     while (q < q1) {
         const int G = q1 - q < 4 ? (int)(q1 - q) : 4;
-        const float *pq = p + q * ps;
-        switch (G) {
-        case 1: panels_dot(1, x, pq, ps, K, o); break;
-        case 2: panels_dot(2, x, pq, ps, K, o); break;
-        case 3: panels_dot(3, x, pq, ps, K, o); break;
-        default: panels_dot(4, x, pq, ps, K, o);
+        const void *pq = (const char *)p + q * ps * (bf16 ? 2 : 4);
+        switch (G * 2 + bf16) {
+        case 2: panels_dot(1, 0, x, pq, ps, K, o); break;
+        case 3: panels_dot(1, 1, x, pq, ps, K, o); break;
+        case 4: panels_dot(2, 0, x, pq, ps, K, o); break;
+        case 5: panels_dot(2, 1, x, pq, ps, K, o); break;
+        case 6: panels_dot(3, 0, x, pq, ps, K, o); break;
+        case 7: panels_dot(3, 1, x, pq, ps, K, o); break;
+        case 8: panels_dot(4, 0, x, pq, ps, K, o); break;
+        default: panels_dot(4, 1, x, pq, ps, K, o);
         }
         const int64_t base = q * PW - skip, lo = base > n0 ? base : n0, hi = base + G * PW < n1 ? base + G * PW : n1;
         memcpy(y + lo, o + (lo - base), sizeof(float) * (hi - lo));
@@ -441,14 +469,14 @@ void panels_vec(const float *x, const float *p, int64_t ps, int64_t skip, int64_
 }
 
 /* y[:, n0:n1] for M rows of x (y's rows N apart): one row on panels_vec, more on the tiles. */
-void part_p_f32(const float *x, const float *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps, int64_t skip,
-                int64_t n0, int64_t n1) {
+static void part_p(const float *x, const void *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps,
+                   int64_t skip, int64_t n0, int64_t n1, int bf16) {
     if (M == 1) {
-        panels_vec(x, p, ps, skip, K, y, n0, n1);
+        panels_vec(x, p, ps, skip, K, y, n0, n1, bf16);
         return;
     }
     float c[PANEL_SCRATCH];
-    gemm_p_part(x, p, ps, skip, y, M, N, K, n0, n1, c);
+    gemm_p_part(x, p, ps, skip, y, M, N, K, n0, n1, c, bf16);
 }
 
 void part_bf16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t N, int64_t K, int64_t ldw,
@@ -512,7 +540,13 @@ int gemv_f32(const float *x, const float *w, float *y, int64_t M, int64_t N, int
 
 int gemv_p_f32(const float *x, const float *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps,
                int64_t skip, int threads) {
-    SHARED(part_p_f32(x, p, y, M, N, K, ps, skip, n0, n1));
+    SHARED(part_p(x, p, y, M, N, K, ps, skip, n0, n1, 0));
+    return 0;
+}
+
+int gemv_p_bf16(const float *x, const uint16_t *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps,
+                int64_t skip, int threads) {
+    SHARED(part_p(x, p, y, M, N, K, ps, skip, n0, n1, 1));
     return 0;
 }
 

@@ -53,6 +53,8 @@ _SIGNATURES = {
     "gemv_f32": [_P, _P, _P, _I, _I, _I, _I, _C],
     "gemv_p_f32": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
     "gemm_p_f32": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
+    "gemv_p_bf16": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
+    "gemm_p_bf16": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
     "gemv_bf16": [_P, _P, _P, _I, _I, _I, _I, _C],
     "gemv_fp8": [_P, _P, _P, _I, _I, _I, _I, _F, _C],
     "gemv_nvfp4": [_P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _C],
@@ -221,7 +223,8 @@ def _(x: Tensor, w: Tensor) -> Tensor:
 
 
 def panels(x: Tensor, p: Tensor, skip: int, n: int) -> Tensor:
-    """x @ W.T for a float32 weight in column panels (linear.Panels): p [panels, in, 24], panel rows
+    """x @ W.T for a float32 or bf16 weight in column panels (linear.Panels; bf16 widened exactly as it is
+    read, the same sums as its float32 panels): p [panels, in, 24], panel rows
     contiguous, the view's `n` outputs starting `skip` columns into the first panel. Up to MAX_ROWS rows
     of x four panels at a time; more (a prompt) on the blocked product's tiles, which on this project's
     CPU ran 1.24-1.29x MKL's sgemm at 128 rows, 1.0-1.2x from 512 (README, "Prefill products on packed
@@ -230,7 +233,11 @@ def panels(x: Tensor, p: Tensor, skip: int, n: int) -> Tensor:
 
 
 def _panels(x: Tensor, p: Tensor, skip: int, n: int) -> Tensor:
-    kernel = _library.gemv_p_f32 if x.numel() <= MAX_ROWS * x.shape[-1] else _library.gemm_p_f32
+    few = x.numel() <= MAX_ROWS * x.shape[-1]
+    if p.dtype == torch.float32:
+        kernel = _library.gemv_p_f32 if few else _library.gemm_p_f32
+    else:
+        kernel = _library.gemv_p_bf16 if few else _library.gemm_p_bf16
     return _call(kernel, x, n, (p.data_ptr(),), (p.stride(0), skip))
 
 

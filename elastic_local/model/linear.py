@@ -169,14 +169,14 @@ class Panels:
         return Panels(self.p[..., first // PANEL:-(-(self.skip + r1) // PANEL), :cols, :], first % PANEL, r1 - r0)
 
     def dense(self) -> torch.Tensor:
-        """[.., in, out] (a copy): for torch's paths (no kernels, a batch of picked experts)."""
+        """[.., in, out] float32 (a copy): for torch's paths (no kernels, a batch of picked experts)."""
         p = self.p.movedim(-3, -2)
-        return p.reshape(*p.shape[:-2], -1)[..., self.skip:self.skip + self.n]
+        return p.reshape(*p.shape[:-2], -1)[..., self.skip:self.skip + self.n].float()
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type == "cpu" and x.dtype == torch.float32 and self.p.ndim == 3 and gemv.library() is not None:
             return gemv.panels(x, self.p, self.skip, self.n)
-        return x @ self.dense()
+        return x @ self.dense().to(x.dtype)
 
 
 class RowConcat:

@@ -151,7 +151,9 @@ def _experts_cpu(flat: torch.Tensor, w: MoEWeights, experts: int, channels: int,
     step.c does not read, or gradients to compute."""
     n, d = flat.shape
     float_weights = [t.data if isinstance(t, (Transposed, Panels)) else t for t in (w.up, w.down)]  # not packed ones
-    lib = kernels.cpu_library(flat, weights, *(t for t in float_weights if isinstance(t, torch.Tensor)))
+    # bf16 panels (a float32 load of a BF16 file) step.c widens as it reads
+    lib = kernels.cpu_library(flat, weights, *(t for t in float_weights if isinstance(t, torch.Tensor)
+                                               and not (t.dtype == torch.bfloat16 and isinstance(w.up, Panels))))
     described = lib and _described(w, experts, channels, d)
     if not described:
         return None

@@ -225,18 +225,21 @@ class NemotronH:
 
     def transpose_weights(self, panels: bool = False) -> None:
         """Keep every float Linear weight in the CPU inference layout, in place (peak: one extra tensor):
-        column panels for the decode kernels (`linear.Panels`) with `panels`, else the plain transpose
+        column panels for the decode kernels (`linear.Panels`; bf16 weights stay bf16, the kernels widen
+        them as they read) with `panels`, else the plain transpose in the network's dtype
         (`linear.Transposed`, torch's matmul). Quantized weights, the router gate and a tied LM head stay
         as they are; not for training (autograd and the optimizer hold the [out, in] tensors)."""
-        layout = Panels if panels else Transposed
+        def layout(w: torch.Tensor):
+            return Panels.of(w) if panels else Transposed.of(w.to(self.dtype))
+
         for layer in self.layers:
             for name in ("in_proj", "out_proj", "qkv", "o_proj", "up", "down", "shared_up", "shared_down"):
                 w = getattr(layer.mixer, name, None)
                 if isinstance(w, torch.Tensor) and not w.requires_grad:
-                    setattr(layer.mixer, name, layout.of(w))
+                    setattr(layer.mixer, name, layout(w))
         if isinstance(self.lm_head, torch.Tensor) and self.lm_head is not self.embed \
                 and not self.lm_head.requires_grad:
-            self.lm_head = layout.of(self.lm_head)
+            self.lm_head = layout(self.lm_head)
         self.c_steps.clear()  # they point at the weights just replaced
 
     def silence(self, token: int) -> None:

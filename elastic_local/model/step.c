@@ -23,29 +23,29 @@
 
 void share(int64_t N, int64_t *n0, int64_t *n1);
 void part_f32(const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
-void panels_vec(const float *x, const float *p, int64_t ps, int64_t skip, int64_t K, float *y, int64_t n0,
-                int64_t n1);
+void panels_vec(const float *x, const void *p, int64_t ps, int64_t skip, int64_t K, float *y, int64_t n0,
+                int64_t n1, int bf16);
 void part_bf16(const float *, const uint16_t *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
 void part_fp8(const float *, const uint8_t *, float *, int64_t, int64_t, int64_t, int64_t, float, int64_t, int64_t);
 void permute_nvfp4(const float *x, float *xp, int64_t MK);
-void gemm_p_part(const float *x, const float *p, int64_t ps, int64_t skip, float *y, int64_t M, int64_t N,
-                 int64_t K, int64_t n0, int64_t n1, float *c);
+void gemm_p_part(const float *x, const void *p, int64_t ps, int64_t skip, float *y, int64_t M, int64_t N,
+                 int64_t K, int64_t n0, int64_t n1, float *c, int bf16);
 extern const int64_t gemm_p_scratch; /* floats of gemm_p_part's c */
-#define PW 24 /* outputs per panel of a PANELS_F32 weight (gemv.c's) */
+#define PW 24 /* outputs per panel of a PANELS_F32 / PANELS_BF16 weight (gemv.c's) */
 void part_nvfp4(const float *, const uint8_t *, const uint8_t *, float *, int64_t, int64_t, int64_t, int64_t,
                 int64_t, float, int64_t, int64_t);
 
-enum { PANELS_F32, ROWS_F32, ROWS_BF16, FP8, NVFP4 }; /* model/step.py checks the format it writes */
+enum { PANELS_F32, ROWS_F32, ROWS_BF16, FP8, NVFP4, PANELS_BF16 }; /* model/step.py checks the format it writes */
 
 typedef struct {     /* y[n] = sum_k W[n, k] x[k], n < out, k < in */
     int64_t format;  /* one of the enum above */
     int64_t out, in;
-    int64_t ld;      /* row stride of the stored weight: elements, bytes for FP8 / NVFP4; PANELS_F32: panel stride */
+    int64_t ld;      /* row stride of the stored weight: elements, bytes for FP8 / NVFP4; panels: panel stride */
     int64_t ld_scales;
     const void *w;
     const void *scales; /* NVFP4's e4m3 block scales */
     float scale;        /* FP8 / NVFP4's per-tensor scale */
-    int64_t skip;       /* PANELS_F32: columns of the first panel before the view's first output (gemv.c) */
+    int64_t skip;       /* panels: columns of the first panel before the view's first output (gemv.c) */
 } weight;
 
 /* Each block runs in one parallel region: every thread takes its share of each product (no fork per
@@ -76,15 +76,17 @@ static void panels_matvec(const weight *w, const float *x, float *y, int64_t n0,
     parts = omp_get_num_threads(), part = omp_get_thread_num();
 #endif
     const int64_t panels = (w->skip + N + PW - 1) / PW - w->skip / PW;
+    const int bf16 = w->format == PANELS_BF16;
     if (parts == 1 || N > ps->width || panels >= 4 * parts) {
-        panels_vec(x, w->w, w->ld, w->skip, K, y, n0, n1);
+        panels_vec(x, w->w, w->ld, w->skip, K, y, n0, n1, bf16);
         return;
     }
     float *round = ps->rows + ps->round * parts * ps->width;
     ps->round ^= 1;
     const int64_t chunk = (K + parts - 1) / parts, k0 = part * chunk < K ? part * chunk : K;
     const int64_t k1 = k0 + chunk < K ? k0 + chunk : K;
-    panels_vec(x + k0, (const float *)w->w + k0 * PW, w->ld, w->skip, k1 - k0, round + part * ps->width, 0, N);
+    panels_vec(x + k0, (const char *)w->w + k0 * PW * (bf16 ? 2 : 4), w->ld, w->skip, k1 - k0,
+               round + part * ps->width, 0, N, bf16);
     BARRIER;
     for (int64_t n = n0; n < n1; n++) {
         float t = 0.f;
@@ -97,7 +99,8 @@ static void panels_matvec(const weight *w, const float *x, float *y, int64_t n0,
 static void matvec(const weight *w, const float *x, float *y, int64_t *n0, int64_t *n1, partials *ps) {
     share(w->out, n0, n1);
     switch (w->format) {
-    case PANELS_F32: panels_matvec(w, x, y, *n0, *n1, ps); break;
+    case PANELS_F32:
+    case PANELS_BF16: panels_matvec(w, x, y, *n0, *n1, ps); break;
     case ROWS_F32: part_f32(x, w->w, y, 1, w->out, w->in, w->ld, *n0, *n1); break;
     case ROWS_BF16: part_bf16(x, w->w, y, 1, w->out, w->in, w->ld, *n0, *n1); break;
     case FP8: part_fp8(x, w->w, y, 1, w->out, w->in, w->ld, w->scale, *n0, *n1); break;
@@ -630,7 +633,8 @@ int ssm_scan(const float *x, const int64_t *xs, const float *dt, const int64_t *
 static void rows_product(const weight *w, const float *x, int64_t m, float *y, float *scratch) {
     const int64_t N = w->out, K = w->in;
     switch (w->format) {
-    case PANELS_F32: gemm_p_part(x, w->w, w->ld, w->skip, y, m, N, K, 0, N, scratch); break;
+    case PANELS_F32:
+    case PANELS_BF16: gemm_p_part(x, w->w, w->ld, w->skip, y, m, N, K, 0, N, scratch, w->format == PANELS_BF16); break;
     case ROWS_F32: part_f32(x, w->w, y, m, N, K, w->ld, 0, N); break;
     case ROWS_BF16: part_bf16(x, w->w, y, m, N, K, w->ld, 0, N); break;
     case FP8: part_fp8(x, w->w, y, m, N, K, w->ld, w->scale, 0, N); break;

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _I, _P, _F = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-PANELS_F32, ROWS_F32, ROWS_BF16, FP8, NVFP4 = range(5)  # step.c's weight formats
+PANELS_F32, ROWS_F32, ROWS_BF16, FP8, NVFP4, PANELS_BF16 = range(6)  # step.c's weight formats
 
 
 class Unsupported(Exception):
@@ -60,8 +60,9 @@ def weight(w) -> Weight:
     """The description of any weight view `linear()` takes, or Unsupported."""
     if isinstance(w, Panels):
         p = w.p
-        if p.dtype == torch.float32 and p.ndim == 3 and p.stride(2) == 1 and p.stride(1) == p.shape[2]:
-            return Weight(PANELS_F32, w.n, p.shape[1], p.stride(0), 0, p.data_ptr(), None, 1.0, w.skip)
+        formats = {torch.float32: PANELS_F32, torch.bfloat16: PANELS_BF16}
+        if p.dtype in formats and p.ndim == 3 and p.stride(2) == 1 and p.stride(1) == p.shape[2]:
+            return Weight(formats[p.dtype], w.n, p.shape[1], p.stride(0), 0, p.data_ptr(), None, 1.0, w.skip)
     elif isinstance(w, Tensor):
         formats = {torch.float32: ROWS_F32, torch.bfloat16: ROWS_BF16}
         if w.dtype in formats and w.ndim == 2 and w.stride(1) == 1:

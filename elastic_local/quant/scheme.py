@@ -44,6 +44,12 @@ def nano_keep(cfg: NemotronHConfig) -> list[str]:
     return keep
 
 
+def is_linear(name: str) -> bool:
+    """Whether canonical tensor `name` is a Linear weight or the LM head: what a float32 load on a CPU with
+    the C kernels keeps in bf16 where the file stores BF16 (engine.load; the kernels widen it as they read)."""
+    return bool(_LINEAR.match(name)) or name == "lm_head.weight"
+
+
 def is_quantized(name: str, keep: list[str] = ()) -> bool:
     """Whether canonical tensor `name` is a Linear weight that a quantized precision stores quantized."""
     return bool(_LINEAR.match(name)) and not any(fnmatch.fnmatchcase(module_of(name), k) for k in keep)
@@ -71,17 +77,19 @@ def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
 
 
 def weight_bytes(cfg: NemotronHConfig, budget: Budget, precision: str, keep: list[str] = (),
-                 active: bool = False, float32: bool = False) -> int:
+                 active: bool = False, float32: bool = False, bf16_linears: bool = False) -> int:
     """Exact bytes of a budget's weights at a precision: the sum of the tensors its file would hold.
     `active`: only what one decoded token reads (the top-k routed experts, one embedding row). `float32`:
-    as a float32 load keeps them (the BF16 tensors in float32; packed ones as they are)."""
+    as a float32 load keeps them (the BF16 tensors in float32; packed ones as they are), with
+    `bf16_linears` its Linear weights and LM head in bf16 (on a CPU with the C kernels: `is_linear`)."""
     total = 0
     for name, shape in expected_shapes(cfg, budget).items():
         expert = re.search(r"\.experts\.(\d+)\.", name)
         if active and expert and int(expert.group(1)) >= cfg.num_experts_per_tok:
             continue
         for dtype, s in stored_tensors(name, shape, precision, keep).values():
-            dtype = "F32" if float32 and dtype == "BF16" else dtype
+            if float32 and dtype == "BF16" and not (bf16_linears and is_linear(name)):
+                dtype = "F32"
             total += _nbytes(dtype, s[1:] if active and name == "embeddings.weight" else s)
     return total
 
