@@ -1,11 +1,13 @@
 """Do smaller budgets decode faster in proportion to the bytes they read? The CPU decode paths side by side.
 
-    .venv/bin/python benchmarks/bench_budgets.py [--models demo,gen] [--reps 5] [--new-tokens 48] [--threads 1]
+    .venv/bin/python benchmarks/bench_budgets.py [--models demo,gen,gen16] [--reps 5] [--new-tokens 48] [--threads 1]
                                                  [--compile]
 
 Models: the embedded demo model (5.6M parameters, budgets full / mid / small) and bench_generate.py's
 ~136M random nested model (full / mid / small at 60% and 35% of the parameters; built once under
-benchmarks/_work/gen/). Each is loaded in float32 once per variant:
+benchmarks/_work/gen/), stored in float32 (`gen`) or with its Linear weights in BF16 (`gen16`, as the demo
+and published files are: the default then keeps them in bf16 panels, and every budget reads half the
+bytes `read/token` counts, so the same ratios). Each is loaded in float32 once per variant:
     torch     weights kept [in, out] (`linear.Transposed`), torch's matmul (what ELASTIC_LOCAL_CPU_GEMV=0 runs)
     kernels   the default: weights in column panels (`linear.Panels`), decode steps in C (model/step.c on
               model/gemv.c's kernels)
@@ -131,12 +133,12 @@ def main() -> None:
     for name in args.models.split(","):
         if name == "demo":
             path = None
-        elif name == "gen":
+        elif name in ("gen", "gen16"):
             import bench_generate
 
-            path = bench_generate.build()
+            path = bench_generate.build() if name == "gen" else bench_generate.build_bf16()
         else:
-            raise SystemExit(f"--models: unknown {name!r} (demo, gen)")
+            raise SystemExit(f"--models: unknown {name!r} (demo, gen, gen16)")
         results[name] = bench(name, path, args)
 
     print(f"\ndecode tok/s, batch 1, float32, {args.threads} thread(s), median of {args.reps}; "

@@ -21,7 +21,9 @@ Cached under benchmarks/_work/quant/. Then:
              steps of every precision run on model/gemv.c's kernels (quantized weights decoded in registers);
              `ELASTIC_LOCAL_CPU_GEMV=0` shows torch's path (quantized weights dequantized tile by tile).
              `--decode-model gen`: on bench_generate.py's 136M nested model instead, FP8 / NVFP4 made
-             while loading (`load(dir, precision=...)`, the same numbers as a stored file).
+             while loading (`load(dir, precision=...)`, the same numbers as a stored file); `gen16`: the
+             same model stored in BF16, as published files are (a float32 load keeps its Linear weights in
+             bf16 panels: 2 bytes a weight where `gen`'s float32 file reads 4).
   d. rss     on bench_nesting.py's ~107M-parameter nested checkpoint (built if missing) and its FP8 / NVFP4
              quantizations: memory of loading one budget (--rss-budget, default full) with dtype=bfloat16 from
              the BF16 file as BF16, with load-time FP8 / NVFP4 quantization (`load(bf16_dir, precision=...)`),
@@ -386,7 +388,7 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--reps", type=int, default=5, help="timed decode runs per (budget, precision)")
     p.add_argument("--decode-dtypes", default="float32,bfloat16", help="compute dtypes of the decode part")
-    p.add_argument("--decode-model", default="tiny", choices=("tiny", "gen"),
+    p.add_argument("--decode-model", default="tiny", choices=("tiny", "gen", "gen16"),
                    help="decode part on the 17M model's stored files, or on bench_generate.py's 136M nested "
                         "model (53M active) quantized while loading")
     p.add_argument("--rss-reps", type=int, default=1, help="fresh processes per RSS case (the minimum is kept)")
@@ -453,10 +455,10 @@ def main() -> None:
     if "decode" not in skip:
         summary["decode"] = {}
         sources, decode_budgets = {p: (d, None) for p, d in dirs.items()}, budgets
-        if args.decode_model == "gen":
+        if args.decode_model in ("gen", "gen16"):
             import bench_generate
 
-            gen = bench_generate.build()
+            gen = bench_generate.build() if args.decode_model == "gen" else bench_generate.build_bf16()
             sources = {p: (gen, None if p == "bf16" else p) for p in dirs}
             decode_budgets = ["full", *bench_generate.BUDGETS]
         for dtype in args.decode_dtypes.split(","):
