@@ -22,7 +22,8 @@
  * streamed 1.2-1.4x slower than the same bytes contiguous (README, "Budgets in column panels"). A view
  * starts `skip` columns into its first panel. One row of x runs over four panels at a time (twelve
  * accumulators, four streams); more rows run the blocked product's register tiles straight on the panels
- * (section "Many rows of x").
+ * (section "Many rows of x"). A BF16 file's weights are kept in bf16 panels of the same shape, widened
+ * exactly as they are read (half the bytes; the same sums as their float32 panels).
  * The other formats keep W's rows: with one row of x the decode feeds the products directly; with two or
  * three, each weight row is decoded once into a scratch row that every row of x then reads; from four,
  * 24 weight rows at a time are decoded into a panel of the same shape that the tiles run over.
