@@ -14,10 +14,11 @@ file the two agree (tests/test_fit.py).
 The workload is this runtime's (model/nemotron_h.py): prefill in chunks of 1024 tokens, logits for the
 last position only, KV cache and Mamba conv state in the compute dtype (bf16), SSM state in fp32, one
 hybrid cache per budget taking part (chat: think + answer = 2). The plan is for bf16 compute: load with
-`dtype=torch.bfloat16` for the prediction to hold (a float32 load doubles weights, cache and activations).
-`plan_checkpoint(float32=True)` plans the float32 load instead: on a CPU, `load("auto")` and elastic-chat
-take the bf16 plan's pick in float32 where that fits too (`in_float32`; a CPU decodes several times faster
-in float32, its C step), else in bf16.
+`dtype=torch.bfloat16` for the prediction to hold (a float32 load doubles cache and activations, and the
+high-precision weights except, on a CPU with the C kernels, the Linear ones a BF16 file stores: they stay
+bf16 in its panels). `plan_checkpoint(float32=True)` plans the float32 load instead: on a CPU,
+`load("auto")` and elastic-chat take the bf16 plan's pick in float32 where that fits too (`in_float32`; a
+CPU decodes several times faster in float32, its C step), else in bf16.
 """
 
 from __future__ import annotations
@@ -125,8 +126,8 @@ def choose(path: str | Path, device: str | None = None, context: int = 32768, ca
 def in_float32(path: str | Path, profile: Profile, budget: str, precision: str, context: int = 32768,
                caches: int = 2) -> Candidate | None:
     """The float32 candidate of (budget, precision) where it fits on `profile`, else None: a CPU decodes
-    several times faster in float32 (its C step) than in the bf16 the plan assumes, at up to twice the
-    memory (high-precision weights, caches, activations)."""
+    several times faster in float32 (its C step) than in the bf16 the plan assumes, at more memory (caches,
+    activations and the small high-precision tensors at 4 bytes; see `plan_checkpoint`)."""
     p = plan_checkpoint(path, profile, context=context, caches=caches, float32=True)
     return next((c for c in p.candidates if c.fits and (c.budget, c.precision) == (budget, precision)), None)
 
