@@ -257,6 +257,25 @@ def test_float32_plan_weight_bytes_equal_what_a_float32_load_makes_resident(tiny
     assert p32.workload.kv_dtype_bytes == 2 * p.workload.kv_dtype_bytes == 4
 
 
+def test_a_float32_files_cpu_plan_counts_its_linear_weights_at_4_bytes(tiny, monkeypatch):
+    """bf16 panels only where the file stores BF16: a float32 file's weights stay float32, and the float32
+    plan on the `cpu` profile (the kernels run) counts them so, exactly as the `rows` layout keeps them and
+    below what the panels keep (their padding on top). Had it counted 2 bytes, the chat would take float32
+    on a machine where it does not fit."""
+    from elastic_local.engine.load import LAYOUT_ENV
+
+    path = tiny / "nested"  # nest() of a float32 parent: float32 tensors
+    assert not fit.stores_bf16_linears(path)
+    assert all(fit.stores_bf16_linears(tiny / p) for p in ("bf16", "fp8", "nvfp4"))
+    cpu = fit.plan_checkpoint(path, elastic_local.hardware.get_profile("cpu"), float32=True)
+    for name in read_budgets(NemotronHConfig.from_dir(path)):
+        planned = weights_of(cpu, name, "bf16").weights_bytes
+        with monkeypatch.context() as m:
+            m.setenv(LAYOUT_ENV, "rows")
+            assert planned == resident_bytes(elastic_local.load(path, budget=name, dtype=torch.float32)), name
+        assert planned <= resident_bytes(elastic_local.load(path, budget=name, dtype=torch.float32)), name
+
+
 def test_stored_and_load_time_sources(tiny):
     prof = elastic_local.hardware.get_profile("rtx5080")
     p = fit.plan_checkpoint(tiny / "bf16", prof)

@@ -33,7 +33,7 @@ from ..model.budget import Budget
 from ..model.config import NemotronHConfig
 from ..model.cost import PREFILL_CHUNK, arch_shape
 from ..model.schema import expected_shapes, stored_budget
-from ..quant.scheme import weight_bytes
+from ..quant.scheme import is_linear, weight_bytes
 from .planner import Candidate, Plan, WeightOption, Workload, plan
 from .probe import probe_machine
 from .profiles import GIB, Profile, get_profile, profile_from_probe
@@ -86,7 +86,8 @@ def plan_checkpoint(path: str | Path, profile: Profile, context: int = 32768, ca
     shapes = {name: arch_shape(cfg, b) for name, b in budgets.items()}
     available = offers(path, cfg)
     options = []
-    f32 = dict(float32=float32, bf16_linears=float32 and profile.kind == "cpu" and profile.cpu_kernels)
+    bf16_linears = float32 and profile.kind == "cpu" and profile.cpu_kernels and stores_bf16_linears(path)
+    f32 = dict(float32=float32, bf16_linears=bf16_linears)
     for name, b in budgets.items():
         for o in available:
             options.append(WeightOption(name, o.precision, o.resident_bytes(cfg, b, keep, **f32),
@@ -94,6 +95,17 @@ def plan_checkpoint(path: str | Path, profile: Profile, context: int = 32768, ca
                                         weight_bytes(cfg, b, "bf16", active=True, **f32)))
     return plan(profile, shapes, options,
                 runtime_workload(context, caches, batch, margin_bytes, 4 if float32 else COMPUTE_BYTES))
+
+
+def stores_bf16_linears(path: Path) -> bool:
+    """Whether the directory's unquantized Linear weights are BF16 in the file: only then does a float32
+    CPU load keep them bf16 (checkpoint/load_network's `linear_dtype`; a float32 file stays float32). A
+    description without weights stands for its published files, which store BF16."""
+    tensors = weight_tensors(path)
+    if tensors is None:
+        return True
+    floats = [t.dtype for name, t in tensors.items() if is_linear(name) and t.dtype in ("BF16", "F16", "F32")]
+    return bool(floats) and all(d == "BF16" for d in floats)
 
 
 def live_profile(device: str | None = None) -> Profile:

@@ -150,10 +150,10 @@ def _experts_cpu(flat: torch.Tensor, w: MoEWeights, experts: int, channels: int,
     any weight format the decode step reads; None where it does not run: another device or dtype, weights
     step.c does not read, or gradients to compute."""
     n, d = flat.shape
-    float_weights = [t.data if isinstance(t, (Transposed, Panels)) else t for t in (w.up, w.down)]  # not packed ones
-    # bf16 panels (a float32 load of a BF16 file) step.c widens as it reads
-    lib = kernels.cpu_library(flat, weights, *(t for t in float_weights if isinstance(t, torch.Tensor)
-                                               and not (t.dtype == torch.bfloat16 and isinstance(w.up, Panels))))
+    # plain [out, in] stacks must be float32; panels (float32, or bf16 that step.c widens) and packed weights
+    # are read as they are, and the Transposed layout exists only where the kernels do not run
+    plain = (t for t in (w.up, w.down) if isinstance(t, torch.Tensor))
+    lib = kernels.cpu_library(flat, weights, *plain)
     described = lib and _described(w, experts, channels, d)
     if not described:
         return None

@@ -38,7 +38,8 @@ def test_cpu_plans_for_this_machines_ram(monkeypatch):
 
 def test_cpu_computes_in_float32_where_it_fits_else_bfloat16(monkeypatch):
     """The plan assumes bf16; a CPU decodes several times faster in float32 (its C step), which doubles the
-    high-precision weights, the caches and the activations. The pick loads float32 only where that fits."""
+    caches, the activations and the high-precision weights (not a BF16 file's Linear ones where the C
+    kernels run: they stay bf16). The pick loads float32 only where that fits."""
     import dataclasses
 
     from elastic_local.tui import start
