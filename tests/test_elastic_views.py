@@ -167,16 +167,20 @@ def test_cpu_layout_keeps_budgets_as_views_whose_panels_are_contiguous(tmp_path)
     assert sum(t.nbytes for t in m.net.tensors()) == before  # running a budget copied nothing
 
 
-def test_silencing_a_token_pins_its_logit_at_zero_in_the_panel_layout(tmp_path):
+@pytest.mark.parametrize("stored", [torch.float32, torch.bfloat16])
+def test_silencing_a_token_pins_its_logit_at_zero_in_the_panel_layout(tmp_path, stored):
     """The LM head in panels: the token's column is found inside its panel (tokens 0, 23, 24 and the last
-    straddle panel edges)."""
+    straddle panel edges), in a BF16 file's bf16 panels too, whose rows hold their columns reordered (1, 8
+    and 17 move there)."""
+    from elastic_local.model.gemv import library
     from elastic_local.model.linear import Panels
 
-    make_checkpoint(tmp_path, seed=2)
+    make_checkpoint(tmp_path, seed=2).to(stored).save_pretrained(tmp_path)
     m = elastic_local.load(tmp_path)
     assert isinstance(m.net.lm_head, Panels)
+    assert m.net.lm_head.p.dtype == (stored if library() is not None else torch.float32)
     vocab = m.config.vocab_size
-    tokens = [0, 23, 24, vocab - 1]
+    tokens = [0, 1, 8, 17, 23, 24, vocab - 1]
     for t in tokens:
         m.net.silence(t)
     with torch.inference_mode():

@@ -120,6 +120,9 @@ class Transposed:
 
 
 PANEL = 24  # outputs per panel: gemv.c's PW, the width of its register tiles
+# the column each position of a bf16 panel's row holds: pairs of columns (c, c + 8), then (c, c + 4), so that
+# one shift or one mask of a 32-bit pair widens 8 columns to float32 (gemv.c, bf16_panel_row)
+BF16_COLUMNS = (*(c + h for c in range(8) for h in (0, 8)), *(16 + c + h for c in range(4) for h in (0, 4)))
 
 
 class Panels:
@@ -133,7 +136,10 @@ class Panels:
     projections when the hidden size shrinks), which the CPU streamed 1.2-1.4x slower than the same bytes
     contiguous (scratch, 2 threads). In panels every view is one contiguous run per panel, so a small budget
     reads at the speed of a model of its own size (README, "Budgets in column panels"); and the panels
-    are the blocked product's own layout, so a prompt's tiles read them without a packing copy."""
+    are the blocked product's own layout, so a prompt's tiles read them without a packing copy.
+
+    bf16 panels (a BF16 file's weights, which the kernels widen as they read) store each row's columns in
+    the order BF16_COLUMNS, the one their decode reads fastest; `dense` puts them back."""
 
     def __init__(self, p: torch.Tensor, skip: int, n: int):
         self.p, self.skip, self.n = p, skip, n
@@ -146,6 +152,11 @@ class Panels:
         p[..., :whole, :, :] = w[..., :whole * PANEL, :].unflatten(-2, (whole, PANEL)).transpose(-1, -2)
         if rest:
             p[..., whole, :, :rest] = w[..., whole * PANEL:, :].transpose(-1, -2)
+        if p.dtype == torch.bfloat16:
+            order = torch.tensor(BF16_COLUMNS)
+            rows = p.view(-1, inp, PANEL)
+            for i in range(0, rows.shape[0], 64):  # 64 panels at a time: a small copy beside w and p
+                rows[i:i + 64] = rows[i:i + 64, :, order]
         return cls(p, 0, out)
 
     @property
@@ -168,9 +179,15 @@ class Panels:
         first = self.skip + r0
         return Panels(self.p[..., first // PANEL:-(-(self.skip + r1) // PANEL), :cols, :], first % PANEL, r1 - r0)
 
+    def column(self, j: int) -> tuple[int, int]:
+        """Where output j of the view lies: (panel, position in each of its rows)."""
+        q, c = divmod(self.skip + j, PANEL)
+        return q, BF16_COLUMNS.index(c) if self.p.dtype == torch.bfloat16 else c
+
     def dense(self) -> torch.Tensor:
         """[.., in, out] float32 (a copy): for torch's paths (no kernels, a batch of picked experts)."""
-        p = self.p.movedim(-3, -2)
+        p = self.p if self.p.dtype != torch.bfloat16 else self.p[..., torch.tensor(BF16_COLUMNS).argsort()]
+        p = p.movedim(-3, -2)
         return p.reshape(*p.shape[:-2], -1)[..., self.skip:self.skip + self.n].float()
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:

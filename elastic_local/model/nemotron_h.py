@@ -21,7 +21,7 @@ from .attention import AttentionWeights, KVCache, attention
 from .budget import Budget
 from .config import NemotronHConfig
 from .cost import PREFILL_CHUNK
-from .linear import PANEL, ExpertStack, Panels, Transposed, block, linear, rms_norm
+from .linear import ExpertStack, Panels, Transposed, block, linear, rms_norm
 from .mamba2 import MambaState, MambaWeights, mamba_mixer
 from .moe import MLPWeights, MoEWeights, mlp, moe
 from .soft import SoftLayer, SoftSize, unit_weights
@@ -247,7 +247,8 @@ class NemotronH:
         that must never close thinking by themselves)."""
         head = self.lm_head
         if isinstance(head, Panels):
-            head.p[(head.skip + token) // PANEL, :, (head.skip + token) % PANEL].zero_()
+            q, c = head.column(token)
+            head.p[q, :, c].zero_()
         else:
             (head.t[:, token] if isinstance(head, Transposed) else head[token]).zero_()
 
