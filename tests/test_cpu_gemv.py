@@ -102,6 +102,35 @@ def test_fp8_and_nvfp4_equal_the_dequantized_matmul(shape, rows):
                                    rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("size", [1e-3, 100.0, 300.0, 1e6, 1e30])
+def test_fp8_decode_product_holds_for_inputs_of_any_size(size):
+    """The one-row product scales x by a power of two that keeps x times it finite (exactly 2^120 while
+    every |x| < 128): small, large and huge inputs, one of them far above the rest, against the dequantized
+    matmul."""
+    w = weight((40, 100), seed=3)
+    x = torch.randn(1, 100, generator=torch.Generator().manual_seed(7))
+    x[0, 37] = size
+    q = quantize_fp8(w)
+    ref = F.linear(x.double(), q.dequantize(torch.float64))
+    torch.testing.assert_close(q.linear(x).double(), ref, rtol=1e-5, atol=1e-5 * size)
+
+
+def test_fp8_subnormal_weights_survive_a_thread_that_flushes_subnormals():
+    """The decode product reads e4m3's subnormals as float32 subnormals; with torch.set_flush_denormal on,
+    the calling thread's products still read them (the kernel clears the bit for its products)."""
+    fp8 = every_fp8_code(64)
+    subnormal = torch.tensor([b for b in range(256) if b & 0x78 == 0 and b & 0x07])  # exponent 0, mantissa not
+    dense = fp8.dequantize(torch.float32)
+    assert torch.all(dense.flatten()[subnormal] != 0)
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush subnormals")
+    try:
+        got = torch.cat([fp8.linear(x[None]) for x in torch.eye(64)])  # one row at a time: the decode product
+    finally:
+        torch.set_flush_denormal(False)
+    torch.testing.assert_close(got, dense.T, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("rows", [5, 130])
 def test_fp8_panels_take_an_input_width_that_is_no_multiple_of_8(rows):
     """The decoded rows are transposed into the panels 8 x 8 at a time; the last K % 8 inputs one by one."""
@@ -111,27 +140,38 @@ def test_fp8_panels_take_an_input_width_that_is_no_multiple_of_8(rows):
     torch.testing.assert_close(q.linear(x), F.linear(x, q.dequantize(torch.float32)), rtol=1e-5, atol=1e-5)
 
 
-def test_every_fp8_code_and_nvfp4_code_decodes_exactly():
-    """One-hot inputs read single weights back: all 256 e4m3 codes (subnormals and both zeros) and every
-    e2m1 code under every e4m3 block scale the quantizer can write."""
+def every_fp8_code(inputs: int):
+    """An FP8 weight [256 / inputs, inputs] holding each of the 256 e4m3 codes once (subnormals, both zeros)."""
     codes = torch.arange(256, dtype=torch.uint8)
     codes[[0x7F, 0xFF]] = 0x7E  # e4m3's two NaN codes, which the quantizer never writes
-    fp8 = quantize_fp8(torch.ones(16, 16))
-    fp8.weight = codes.view(16, 16).view(torch.float8_e4m3fn)
-    dense = fp8.dequantize(torch.float32)
-    for rows in (1, 4, 16):
-        for i in range(0, 16, rows):
-            torch.testing.assert_close(fp8.linear(torch.eye(16)[i:i + rows]), dense[:, i:i + rows].T, rtol=0, atol=0)
+    fp8 = quantize_fp8(torch.ones(256 // inputs, inputs))
+    fp8.weight = codes.view(256 // inputs, inputs).view(torch.float8_e4m3fn)
+    return fp8
 
-    nv = quantize_nvfp4(torch.ones(128, 32))  # [128, 16] bytes: every byte value 8 times, two blocks per row
-    nv.weight = torch.arange(128 * 16).remainder(256).to(torch.uint8).view(128, 16)
-    scales = torch.arange(1, 127, dtype=torch.uint8)  # every positive finite e4m3 code (127 is NaN)
-    nv.weight_scale = scales.repeat(3)[: 128 * 2].view(128, 2).view(torch.float8_e4m3fn)
-    dense = nv.dequantize(torch.float32)
-    for rows in (1, 16):  # the fused path, and the decode-once path of several rows
-        for i in range(0, 32, rows):  # the kernel rounds code * scale * scale_2 once, the dequantizer twice
-            got = nv.linear(torch.eye(32)[i:i + rows])
-            torch.testing.assert_close(got, dense[:, i:i + rows].T, rtol=2e-7, atol=0)
+
+def test_every_fp8_code_and_nvfp4_code_decodes_exactly():
+    """One-hot inputs read single weights back: all 256 e4m3 codes (subnormals and both zeros), in rows of 16
+    (the decode product's one-by-one tail) and of 64 (its blocks of 32), and every e2m1 code under every
+    e4m3 block scale the quantizer can write, in rows of 32 (blocks of 16) and of 64 (one block of 64)."""
+    for inputs in (16, 64):
+        fp8 = every_fp8_code(inputs)
+        dense = fp8.dequantize(torch.float32)
+        for rows in (1, 4, 16):
+            for i in range(0, inputs, rows):
+                x = torch.eye(inputs)[i:i + rows]
+                torch.testing.assert_close(fp8.linear(x), dense[:, i:i + rows].T, rtol=0, atol=0)
+
+    for inputs in (32, 64):  # blocks of 16 one at a time; a block of 64 (four blocks decoded together)
+        blocks = inputs // 16
+        nv = quantize_nvfp4(torch.ones(128, inputs))  # every byte value 8 or 16 times
+        nv.weight = torch.arange(128 * inputs // 2).remainder(256).to(torch.uint8).view(128, inputs // 2)
+        scales = torch.arange(1, 127, dtype=torch.uint8)  # every positive finite e4m3 code (127 is NaN)
+        nv.weight_scale = scales.repeat(5)[: 128 * blocks].view(128, blocks).view(torch.float8_e4m3fn)
+        dense = nv.dequantize(torch.float32)
+        for rows in (1, 16):  # the fused path, and the decode-once path of several rows
+            for i in range(0, inputs, rows):  # the kernel rounds code * scale * scale_2 once, the dequantizer twice
+                got = nv.linear(torch.eye(inputs)[i:i + rows])
+                torch.testing.assert_close(got, dense[:, i:i + rows].T, rtol=2e-7, atol=0)
 
 
 @pytest.mark.parametrize("quantize", [None, quantize_fp8, quantize_nvfp4])

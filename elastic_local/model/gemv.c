@@ -10,9 +10,10 @@
  *
  * The packed formats are decoded in registers, never written out to memory:
  *   bf16   the top half of a float32
- *   fp8    e4m3 (NVIDIA Model Optimizer's per-tensor FP8): its fields shifted into an fp16, converted
+ *   fp8    e4m3 (NVIDIA Model Optimizer's per-tensor FP8): for one row of x its fields moved into a float32
+ *          by integer operations (dot_fp8), for more rows shifted into an fp16 and converted
  *   nvfp4  e2m1 codes, two per byte (low nibble first), one e4m3 scale per 16 inputs and one float
- *          scale per tensor (Model Optimizer's NVFP4)
+ *          scale per tensor (Model Optimizer's NVFP4): two byte shuffles give each code's bf16 (e2m1x64)
  * Every decode is exact; products are summed in float32 (in another order than torch's matmul).
  *
  * Float32 weights on the CPU are kept in column panels (model/linear.Panels): W^T cut into panels of 24
@@ -30,6 +31,7 @@
  * 24 weight rows at a time are decoded into a panel of the same shape that the tiles run over.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,15 +46,10 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* e4m3 bytes -> fp16s holding value / 2^8, 8 or 16 at a time: e4m3 is fp16 with 4 exponent bits and 3
-   mantissa bits, so the magnitude bits move up by 7 and the sign by 8; subnormals stay subnormal, exactly.
-   Each byte is sign-extended to 16 bits, so after the shift by 7 its sign fills bits 14 and 15, and
-   clearing bit 14 leaves it in 15 (one operation fewer than moving the sign on its own: 1.13-1.16x for
-   FP8's dot product, scratch, one thread). */
-static inline __m128i e4m3x8_as_f16(__m128i bytes) { /* the low 8 bytes */
-    return _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(bytes), 7), _mm_set1_epi16((short)0xBFFF));
-}
-
+/* e4m3 bytes -> fp16s holding value / 2^8, 16 at a time (a prompt's rows are decoded so): e4m3 is fp16 with
+   4 exponent bits and 3 mantissa bits, so the magnitude bits move up by 7 and the sign by 8; subnormals
+   stay subnormal, exactly. Each byte is sign-extended to 16 bits, so after the shift by 7 its sign fills
+   bits 14 and 15, and clearing bit 14 leaves it in 15. */
 static inline __m256i e4m3_as_f16(__m128i bytes) {
     return _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes), 7), _mm256_set1_epi16((short)0xBFFF));
 }
@@ -107,18 +104,70 @@ static inline float dot_bf16(const float *x, const uint16_t *w, int64_t K) {
     return t;
 }
 
-static inline float dot_fp8(const float *x, const uint8_t *w, int64_t K) { /* times 2^-8 */
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+/* Every e4m3 byte's value / 2^8, filled when the library loads: NVFP4 reads its block scales from here, one
+   broadcast load each (eight scales decoded at once, stored and loaded back one by one, ran 1.13-1.19x
+   slower, scratch, one thread: each load waited on the store), and FP8's dot product its last K % 32. */
+static float e4m3_values[256];
+
+__attribute__((constructor)) static void fill_e4m3_values(void) {
+    for (int b = 0; b < 256; b++) e4m3_values[b] = e4m3_scalar((uint8_t)b);
+}
+
+/* FP8's decode product reads each e4m3 weight as the float32 that holds value * 2^-120, made by integer
+   operations alone, 32 at a time: each byte moves to the top of a 16-bit lane, an arithmetic shift by 4
+   leaves its exponent and mantissa where a bf16's low exponent bits and mantissa lie, a mask clears the
+   sign's copies (a bf16 of value * 2^-120; e4m3's subnormals become float32 subnormals, exactly), and each
+   32-bit pair of bf16s gives two floats, by a shift and by a mask. The fp16 conversion it replaced is slow
+   on this project's CPU (AMD Zen 1; README, "FP8 and NVFP4 decode without the fp16 conversion").
+   The floats come out in the order FP8_ORDER gives (the inputs of each block of 32 that lane by lane the
+   four vectors hold), so x is permuted to match, and scaled by 2^a (fp8_inputs) so that the products
+   x 2^a * value 2^-120 are those of x * value times 2^(a - 120): the same ones where a = 120 (every
+   |x| < 128), else scaled down by a power of two that keeps x 2^a finite. */
+#define FP8_BLOCK 32
+static const int FP8_ORDER[FP8_BLOCK] = {0, 2, 4, 6, 16, 18, 20, 22, 1, 3, 5, 7, 17, 19, 21, 23,
+                                         8, 10, 12, 14, 24, 26, 28, 30, 9, 11, 13, 15, 25, 27, 29, 31};
+
+/* xq = x for dot_fp8: each whole block of 32 in FP8_ORDER times 2^a, the last K % 32 as they are; returns
+   2^(120 - a), what undoes the scaling. */
+static float fp8_inputs(const float *x, int64_t K, float *xq) {
+    float big = 0.f;
+    for (int64_t k = 0; k < K; k++) big = fmaxf(big, fabsf(x[k]));
+    int e = 0;
+    frexpf(big, &e); /* big < 2^e */
+    const int a = e > 7 ? 127 - e : 120;
+    const float up = ldexpf(1.f, a);
     int64_t k = 0;
-    for (; k + 16 <= K; k += 16) { /* in two 128-bit halves: no lane extract (measured 1.08x) */
-        __m128i h0 = e4m3x8_as_f16(_mm_loadl_epi64((const __m128i *)(w + k)));
-        __m128i h1 = e4m3x8_as_f16(_mm_loadl_epi64((const __m128i *)(w + k + 8)));
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), _mm256_cvtph_ps(h0), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), _mm256_cvtph_ps(h1), a1);
+    for (; k + FP8_BLOCK <= K; k += FP8_BLOCK)
+        for (int i = 0; i < FP8_BLOCK; i++) xq[k + i] = x[k + FP8_ORDER[i]] * up;
+    for (; k < K; k++) xq[k] = x[k];
+    return ldexpf(1.f, 120 - a);
+}
+
+static inline float dot_fp8(const float *xq, const uint8_t *w, int64_t K, float unscale) { /* times 2^-8 */
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    const __m256i zero = _mm256_setzero_si256(), keep = _mm256_set1_epi16((short)0x87FF),
+                  high = _mm256_set1_epi32((int)0xFFFF0000);
+    int64_t k = 0;
+    for (; k + FP8_BLOCK <= K; k += FP8_BLOCK) {
+        const __m256i b = _mm256_loadu_si256((const __m256i *)(w + k));
+        const __m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(zero, b), 4), keep);
+        const __m256i hi = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(zero, b), 4), keep);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(xq + k), _mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(xq + k + 8), _mm256_castsi256_ps(_mm256_and_si256(lo, high)), a1);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(xq + k + 16), _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(xq + k + 24), _mm256_castsi256_ps(_mm256_and_si256(hi, high)), a1);
     }
-    float t = hsum(_mm256_add_ps(a0, a1));
-    for (; k < K; k++) t += x[k] * e4m3_scalar(w[k]);
-    return t;
+    float t = 0.f;
+    for (; k < K; k++) t += xq[k] * e4m3_values[w[k]];
+    return hsum(_mm256_add_ps(a0, a1)) * (unscale / 256.f) + t;
+}
+
+/* dot_fp8 reads e4m3's subnormals as float32 subnormals: a thread that takes subnormal inputs as zero
+   (MXCSR's DAZ bit, torch.set_flush_denormal) would drop them, so its products run with the bit clear. */
+static inline unsigned subnormals_on(void) {
+    const unsigned csr = _mm_getcsr();
+    if (csr & 0x40) _mm_setcsr(csr & ~0x40u);
+    return csr;
 }
 
 static inline __m128i e2m1_lut(void) { /* e2m1 code -> the high byte of its fp16 (of value / 2^14) */
@@ -144,32 +193,72 @@ static inline __m256 block_nvfp4(const float *x, __m128i bytes) {
     return _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), odd_f16(high), _mm256_mul_ps(_mm256_loadu_ps(x), even_f16(high)));
 }
 
-/* Every e4m3 byte's value / 2^8, filled when the library loads: NVFP4 reads its block scales from here, one
-   broadcast load each. Eight scales decoded at once, stored and loaded back one by one, ran 1.13-1.19x
-   slower (scratch, one thread): each load waited on the store. */
-static float e4m3_values[256];
-
-__attribute__((constructor)) static void fill_e4m3_values(void) {
-    for (int b = 0; b < 256; b++) e4m3_values[b] = e4m3_scalar((uint8_t)b);
+/* 64 e2m1 codes (32 bytes: four blocks of 16) -> their values / 2^14 as float32, in eight vectors: v[0..3]
+   hold block 0 in their low lanes and block 2 in their high ones, v[4..7] blocks 1 and 3, the inputs in
+   the order nvfp4_order gives. Two byte shuffles give each code's bf16 (its high and its low byte), which
+   interleave into 16-bit lanes, and each 32-bit pair of bf16s gives two floats by a shift and a mask (as
+   in bf16_panel_row): no fp16 conversion, which is slow on this project's CPU (AMD Zen 1; README, "FP8
+   and NVFP4 decode without the fp16 conversion"). */
+static inline void e2m1x64(const uint8_t *w, __m256 v[8]) {
+    const __m256i high_bytes = _mm256_setr_epi8(
+        0x00, 0x38, 0x38, 0x38, 0x39, 0x39, 0x39, 0x39, (char)0x80, (char)0xB8, (char)0xB8, (char)0xB8, (char)0xB9,
+        (char)0xB9, (char)0xB9, (char)0xB9, 0x00, 0x38, 0x38, 0x38, 0x39, 0x39, 0x39, 0x39, (char)0x80, (char)0xB8,
+        (char)0xB8, (char)0xB8, (char)0xB9, (char)0xB9, (char)0xB9, (char)0xB9);
+    const __m256i low_bytes = _mm256_setr_epi8(
+        0x00, 0x00, (char)0x80, (char)0xC0, 0x00, 0x40, (char)0x80, (char)0xC0, 0x00, 0x00, (char)0x80, (char)0xC0, 0x00,
+        0x40, (char)0x80, (char)0xC0, 0x00, 0x00, (char)0x80, (char)0xC0, 0x00, 0x40, (char)0x80, (char)0xC0, 0x00, 0x00,
+        (char)0x80, (char)0xC0, 0x00, 0x40, (char)0x80, (char)0xC0);
+    const __m256i bytes = _mm256_loadu_si256((const __m256i *)w), low4 = _mm256_set1_epi8(0x0F),
+                  high = _mm256_set1_epi32((int)0xFFFF0000);
+    const __m256i codes[2] = {_mm256_and_si256(bytes, low4), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4)};
+    for (int nib = 0; nib < 2; nib++) { /* low nibbles (even inputs), then high */
+        const __m256i h = _mm256_shuffle_epi8(high_bytes, codes[nib]), l = _mm256_shuffle_epi8(low_bytes, codes[nib]);
+        const __m256i words[2] = {_mm256_unpacklo_epi8(l, h), _mm256_unpackhi_epi8(l, h)};
+        for (int half = 0; half < 2; half++) { /* bytes 0-7 of each lane, then 8-15 */
+            v[4 * half + 2 * nib] = _mm256_castsi256_ps(_mm256_slli_epi32(words[half], 16));
+            v[4 * half + 2 * nib + 1] = _mm256_castsi256_ps(_mm256_and_si256(words[half], high));
+        }
+    }
 }
 
+/* nvfp4_order[i]: the input of a block of 64 that e2m1x64's floats hold at position i (vector i / 8,
+   lane (i / 4) % 2, element i % 4). */
+static int nvfp4_order[64];
+
+__attribute__((constructor)) static void fill_nvfp4_order(void) {
+    for (int half = 0; half < 2; half++)
+        for (int nib = 0; nib < 2; nib++)
+            for (int odd = 0; odd < 2; odd++) /* the shift takes each pair's first byte, the mask its second */
+                for (int lane = 0; lane < 2; lane++)
+                    for (int i = 0; i < 4; i++)
+                        nvfp4_order[((half * 2 + nib) * 2 + odd) * 8 + lane * 4 + i] =
+                            2 * (16 * lane + 8 * half + 2 * i + odd) + nib;
+}
+
+/* Two blocks' scales, one per lane (e2m1x64's vectors hold two blocks each). */
+static inline __m256 lane_scales(uint8_t low, uint8_t high) {
+    return _mm256_set_m128(_mm_broadcast_ss(e4m3_values + high), _mm_broadcast_ss(e4m3_values + low));
+}
+
+/* x comes permuted (permute_nvfp4): each whole block of 64 inputs in nvfp4_order, the last K % 64 a block of
+   16 at a time, even inputs then odd. */
 static inline float dot_nvfp4(const float *x, const uint8_t *w, const uint8_t *scales, int64_t K) { /* * 2^-22 */
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    const __m128i lut = e2m1_lut(), low4 = _mm_set1_epi8(0x0F), zero = _mm_setzero_si128();
     int64_t k = 0;
-    for (; k + 32 <= K; k += 32) { /* two blocks in 16 bytes: one shuffle for all even codes, one odd */
-        __m128i bytes = _mm_loadu_si128((const __m128i *)(w + k / 2));
-        __m128i even = _mm_shuffle_epi8(lut, _mm_and_si128(bytes, low4));
-        __m128i odd = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(bytes, 4), low4));
+    for (; k + 64 <= K; k += 64) { /* blocks 0 and 2 summed before their scales, then 1 and 3 */
+        __m256 v[8];
+        e2m1x64(w + k / 2, v);
         const float *xb = x + k;
-        __m256 p0 = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), _mm256_cvtph_ps(_mm_unpacklo_epi8(zero, odd)),
-                                    _mm256_mul_ps(_mm256_loadu_ps(xb), _mm256_cvtph_ps(_mm_unpacklo_epi8(zero, even))));
-        __m256 p1 = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 24), _mm256_cvtph_ps(_mm_unpackhi_epi8(zero, odd)),
-                                    _mm256_mul_ps(_mm256_loadu_ps(xb + 16), _mm256_cvtph_ps(_mm_unpackhi_epi8(zero, even))));
-        a0 = _mm256_fmadd_ps(p0, _mm256_broadcast_ss(e4m3_values + scales[k / 16]), a0);
-        a1 = _mm256_fmadd_ps(p1, _mm256_broadcast_ss(e4m3_values + scales[k / 16 + 1]), a1);
+        const uint8_t *s = scales + k / 16;
+        __m256 p = _mm256_mul_ps(_mm256_loadu_ps(xb), v[0]), q = _mm256_mul_ps(_mm256_loadu_ps(xb + 32), v[4]);
+        for (int j = 1; j < 4; j++) {
+            p = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8 * j), v[j], p);
+            q = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 32 + 8 * j), v[4 + j], q);
+        }
+        a0 = _mm256_fmadd_ps(p, lane_scales(s[0], s[2]), a0);
+        a1 = _mm256_fmadd_ps(q, lane_scales(s[1], s[3]), a1);
     }
-    if (k < K) /* K is a multiple of 16: one block left */
+    for (; k < K; k += 16) /* K is a multiple of 16 */
         a0 = _mm256_fmadd_ps(block_nvfp4(x + k, _mm_loadl_epi64((const __m128i *)(w + k / 2))),
                              _mm256_broadcast_ss(e4m3_values + scales[k / 16]), a0);
     return hsum(_mm256_add_ps(a0, a1));
@@ -188,7 +277,15 @@ static inline void decode_fp8(const uint8_t *w, int64_t K, float *out) { /* valu
 }
 
 static inline void decode_nvfp4(const uint8_t *w, const uint8_t *scales, int64_t K, float *out) { /* / 2^22 */
-    for (int64_t k = 0; k < K; k += 16) {
+    int64_t k = 0;
+    for (; k + 64 <= K; k += 64) {
+        __m256 v[8];
+        e2m1x64(w + k / 2, v);
+        const uint8_t *s = scales + k / 16;
+        const __m256 s02 = lane_scales(s[0], s[2]), s13 = lane_scales(s[1], s[3]);
+        for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + k + 8 * j, _mm256_mul_ps(j < 4 ? s02 : s13, v[j]));
+    }
+    for (; k < K; k += 16) {
         __m128i high = e2m1_high_bytes(_mm_loadl_epi64((const __m128i *)(w + k / 2)));
         __m256 s = _mm256_broadcast_ss(e4m3_values + scales[k / 16]);
         _mm256_storeu_ps(out + k, _mm256_mul_ps(s, even_f16(high)));
@@ -511,21 +608,33 @@ void part_fp8(const float *x, const uint8_t *w, float *y, int64_t M, int64_t N, 
               float scale, int64_t n0, int64_t n1) {
     scale *= 256.f;
     if (M >= PANEL_MIN_ROWS && panels(PANEL_FP8, x, w, NULL, y, M, N, K, ldw, 0, scale, n0, n1)) return;
+    if (M == 1) {
+        float xq[K];
+        const float unscale = fp8_inputs(x, K, xq);
+        const unsigned csr = subnormals_on();
+        for (int64_t n = n0; n < n1; n++) y[n] = dot_fp8(xq, w + n * ldw, K, unscale) * scale;
+        _mm_setcsr(csr);
+        return;
+    }
     for (int64_t n = n0; n < n1; n++) {
-        if (M == 1) {
-            y[n] = dot_fp8(x, w + n * ldw, K) * scale;
-            continue;
-        }
         float row[K];
         decode_fp8(w + n * ldw, K, row);
         for (int64_t m = 0; m < M; m++) y[m * N + n] = dot_f32(x + m * K, row, K) * scale;
     }
 }
 
-/* x permuted for part_nvfp4 (each block of 16: even inputs, then odd); M * K floats */
-void permute_nvfp4(const float *x, float *xp, int64_t MK) {
-    for (int64_t i = 0; i < MK; i += 16)
-        for (int j = 0; j < 8; j++) xp[i + j] = x[i + 2 * j], xp[i + 8 + j] = x[i + 2 * j + 1];
+/* x [M, K] permuted for part_nvfp4, row by row: each whole block of 64 inputs in nvfp4_order, the last
+   K % 64 in blocks of 16, even inputs then odd. */
+void permute_nvfp4(const float *x, float *xp, int64_t M, int64_t K) {
+    for (int64_t m = 0; m < M; m++) {
+        const float *r = x + m * K;
+        float *o = xp + m * K;
+        int64_t k = 0;
+        for (; k + 64 <= K; k += 64)
+            for (int i = 0; i < 64; i++) o[k + i] = r[k + nvfp4_order[i]];
+        for (; k < K; k += 16)
+            for (int j = 0; j < 8; j++) o[k + j] = r[k + 2 * j], o[k + 8 + j] = r[k + 2 * j + 1];
+    }
 }
 
 /* K % 16 == 0; w [N, ldw bytes], scales [N, lds bytes]; xp from permute_nvfp4. */
@@ -587,7 +696,7 @@ int gemv_nvfp4(const float *x, const uint8_t *w, const uint8_t *scales, float *y
                int64_t K, int64_t ldw, int64_t lds, float scale, int threads) {
     float *xp = malloc(M * K * sizeof(float));
     if (!xp) return -1;
-    permute_nvfp4(x, xp, M * K);
+    permute_nvfp4(x, xp, M, K);
     SHARED(part_nvfp4(xp, w, scales, y, M, N, K, ldw, lds, scale, n0, n1));
     free(xp);
     return 0;

@@ -27,7 +27,7 @@ void panels_vec(const float *x, const void *p, int64_t ps, int64_t skip, int64_t
                 int64_t n1, int bf16);
 void part_bf16(const float *, const uint16_t *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
 void part_fp8(const float *, const uint8_t *, float *, int64_t, int64_t, int64_t, int64_t, float, int64_t, int64_t);
-void permute_nvfp4(const float *x, float *xp, int64_t MK);
+void permute_nvfp4(const float *x, float *xp, int64_t M, int64_t K);
 void gemm_p_part(const float *x, const void *p, int64_t ps, int64_t skip, float *y, int64_t M, int64_t N,
                  int64_t K, int64_t n0, int64_t n1, float *c, int bf16);
 extern const int64_t gemm_p_scratch; /* floats of gemm_p_part's c */
@@ -106,7 +106,7 @@ static void matvec(const weight *w, const float *x, float *y, int64_t *n0, int64
     case FP8: part_fp8(x, w->w, y, 1, w->out, w->in, w->ld, w->scale, *n0, *n1); break;
     case NVFP4: {
         float xp[w->in];
-        permute_nvfp4(x, xp, w->in);
+        permute_nvfp4(x, xp, 1, w->in);
         part_nvfp4(xp, w->w, w->scales, y, 1, w->out, w->in, w->ld, w->ld_scales, w->scale, *n0, *n1);
     }
     }
@@ -682,7 +682,7 @@ int experts_prefill(const float *x, int64_t n, int64_t d, const int64_t *ids, co
         #pragma omp for schedule(static)
         for (int64_t q = 0; q < S; q++) {
             memcpy(X + q * d, x + token_of[q] * d, sizeof(float) * d);
-            if (permute_up) permute_nvfp4(X + q * d, P + q * d, d);
+            if (permute_up) permute_nvfp4(X + q * d, P + q * d, 1, d);
         }
         #pragma omp for schedule(dynamic, 1)
         for (int64_t e = 0; e < E; e++) { /* an expert at a time: its panels serve all of its rows */
@@ -694,7 +694,7 @@ int experts_prefill(const float *x, int64_t n, int64_t d, const int64_t *ids, co
         }
         if (permute_down) {
             #pragma omp for schedule(static)
-            for (int64_t q = 0; q < S; q++) permute_nvfp4(H + q * I, P + q * I, I);
+            for (int64_t q = 0; q < S; q++) permute_nvfp4(H + q * I, P + q * I, 1, I);
         }
         #pragma omp for schedule(dynamic, 1)
         for (int64_t e = 0; e < E; e++) {

@@ -60,4 +60,6 @@ def test_qad_fake_quant_forward_equals_the_exported_quantized_file(tmp_path, pre
     for name, b in table.items():
         with torch.no_grad():
             ref = net.forward(IDS, budget=b)
-        torch.testing.assert_close(quantized.logits(IDS, budget=name), ref, atol=1e-5, rtol=1e-5, msg=name)
+        # the file's products run on the CPU kernels, which sum in another order than torch: through the
+        # layers that reached 1.9e-5 on logits near 4 (an export that differs moves them by 1e-2 and more)
+        torch.testing.assert_close(quantized.logits(IDS, budget=name), ref, atol=5e-5, rtol=1e-5, msg=name)
