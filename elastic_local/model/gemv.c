@@ -46,10 +46,14 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* e4m3 bytes -> fp16s holding value / 2^8, 16 at a time (a prompt's rows are decoded so): e4m3 is fp16 with
-   4 exponent bits and 3 mantissa bits, so the magnitude bits move up by 7 and the sign by 8; subnormals
-   stay subnormal, exactly. Each byte is sign-extended to 16 bits, so after the shift by 7 its sign fills
-   bits 14 and 15, and clearing bit 14 leaves it in 15. */
+/* e4m3 bytes -> fp16s holding value / 2^8, 8 or 16 at a time (a prompt's rows, a row's last K % 32):
+   e4m3 is fp16 with 4 exponent bits and 3 mantissa bits, so the magnitude bits move up by 7 and the sign
+   by 8; subnormals stay subnormal, exactly. Each byte is sign-extended to 16 bits, so after the shift by
+   7 its sign fills bits 14 and 15, and clearing bit 14 leaves it in 15. */
+static inline __m128i e4m3x8_as_f16(__m128i bytes) { /* the low 8 bytes */
+    return _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(bytes), 7), _mm_set1_epi16((short)0xBFFF));
+}
+
 static inline __m256i e4m3_as_f16(__m128i bytes) {
     return _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes), 7), _mm256_set1_epi16((short)0xBFFF));
 }
@@ -157,7 +161,11 @@ static inline float dot_fp8(const float *xq, const uint8_t *w, int64_t K, float 
         a0 = _mm256_fmadd_ps(_mm256_loadu_ps(xq + k + 16), _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)), a0);
         a1 = _mm256_fmadd_ps(_mm256_loadu_ps(xq + k + 24), _mm256_castsi256_ps(_mm256_and_si256(hi, high)), a1);
     }
-    float t = 0.f;
+    __m256 tail = _mm256_setzero_ps(); /* the last K % 32 (x as it is): 8 at a time through fp16s, then 1 */
+    for (; k + 8 <= K; k += 8)
+        tail = _mm256_fmadd_ps(_mm256_loadu_ps(xq + k),
+                               _mm256_cvtph_ps(e4m3x8_as_f16(_mm_loadl_epi64((const __m128i *)(w + k)))), tail);
+    float t = hsum(tail);
     for (; k < K; k++) t += xq[k] * e4m3_values[w[k]];
     return hsum(_mm256_add_ps(a0, a1)) * (unscale / 256.f) + t;
 }
