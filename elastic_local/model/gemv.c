@@ -123,26 +123,37 @@ __attribute__((constructor)) static void fill_e4m3_values(void) {
    sign's copies (a bf16 of value * 2^-120; e4m3's subnormals become float32 subnormals, exactly), and each
    32-bit pair of bf16s gives two floats, by a shift and by a mask. The fp16 conversion it replaced is slow
    on this project's CPU (AMD Zen 1; README, "FP8 and NVFP4 decode without the fp16 conversion").
-   The floats come out in the order FP8_ORDER gives (the inputs of each block of 32 that lane by lane the
-   four vectors hold), so x is permuted to match, and scaled by 2^a (fp8_inputs) so that the products
-   x 2^a * value 2^-120 are those of x * value times 2^(a - 120): the same ones where a = 120 (every
-   |x| < 128), else scaled down by a power of two that keeps x 2^a finite. */
+   The floats of each block of 32 come out as its inputs 0, 2, 4, 6, 16, 18, 20, 22, then the odd ones
+   of the same, then 8, 10 .. 30 and the odd ones of those, so x is permuted to match, and scaled by 2^a
+   (fp8_inputs) so that the products x 2^a * value 2^-120 are those of x * value times 2^(a - 120): the
+   same ones where a = 120 (every |x| < 128), else scaled down by a power of two that keeps x 2^a finite. */
 #define FP8_BLOCK 32
-static const int FP8_ORDER[FP8_BLOCK] = {0, 2, 4, 6, 16, 18, 20, 22, 1, 3, 5, 7, 17, 19, 21, 23,
-                                         8, 10, 12, 14, 24, 26, 28, 30, 9, 11, 13, 15, 25, 27, 29, 31};
 
-/* xq = x for dot_fp8: each whole block of 32 in FP8_ORDER times 2^a, the last K % 32 as they are; returns
-   2^(120 - a), what undoes the scaling. */
+/* xq = x for dot_fp8: each whole block of 32 permuted as above and times 2^a, the last K % 32 as they are;
+   returns 2^(120 - a), what undoes the scaling. */
 static float fp8_inputs(const float *x, int64_t K, float *xq) {
-    float big = 0.f;
-    for (int64_t k = 0; k < K; k++) big = fmaxf(big, fabsf(x[k]));
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 most = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) most = _mm256_max_ps(most, _mm256_and_ps(_mm256_loadu_ps(x + k), magnitude));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(most), _mm256_extractf128_ps(most, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    float big = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    for (; k < K; k++) big = fmaxf(big, fabsf(x[k]));
     int e = 0;
     frexpf(big, &e); /* big < 2^e */
     const int a = e > 7 ? 127 - e : 120;
-    const float up = ldexpf(1.f, a);
-    int64_t k = 0;
-    for (; k + FP8_BLOCK <= K; k += FP8_BLOCK)
-        for (int i = 0; i < FP8_BLOCK; i++) xq[k + i] = x[k + FP8_ORDER[i]] * up;
+    const __m256 up = _mm256_set1_ps(ldexpf(1.f, a));
+    for (k = 0; k + FP8_BLOCK <= K; k += FP8_BLOCK) { /* [0..7 | 16..23] and [8..15 | 24..31], even then odd */
+        const __m256 a0 = _mm256_loadu_ps(x + k), a1 = _mm256_loadu_ps(x + k + 8), a2 = _mm256_loadu_ps(x + k + 16),
+                     a3 = _mm256_loadu_ps(x + k + 24);
+        const __m256 p = _mm256_permute2f128_ps(a0, a2, 0x20), q = _mm256_permute2f128_ps(a0, a2, 0x31),
+                     r = _mm256_permute2f128_ps(a1, a3, 0x20), t = _mm256_permute2f128_ps(a1, a3, 0x31);
+        _mm256_storeu_ps(xq + k, _mm256_mul_ps(_mm256_shuffle_ps(p, q, 0x88), up));
+        _mm256_storeu_ps(xq + k + 8, _mm256_mul_ps(_mm256_shuffle_ps(p, q, 0xDD), up));
+        _mm256_storeu_ps(xq + k + 16, _mm256_mul_ps(_mm256_shuffle_ps(r, t, 0x88), up));
+        _mm256_storeu_ps(xq + k + 24, _mm256_mul_ps(_mm256_shuffle_ps(r, t, 0xDD), up));
+    }
     for (; k < K; k++) xq[k] = x[k];
     return ldexpf(1.f, 120 - a);
 }
@@ -614,8 +625,9 @@ void part_bf16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t N
 
 /* The packed formats' one-row products read each weight row's first K inputs, a budget's prefix, rows ldw
    apart: the hardware prefetchers lose such a stream at every row (a small budget's FP8 products stalled on
-   their loads, perf), so each row fetches the one AHEAD rows on, a line at a time. */
-#define AHEAD 8
+   their loads, perf), so each row fetches the one AHEAD rows on, a line at a time (16 against 8 and 32:
+   about the same, 16 a little ahead; scratch, gen16 small budget). */
+#define AHEAD 16
 static inline void prefetch(const uint8_t *row, int64_t bytes) {
     for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch((const char *)row + b, _MM_HINT_T0);
 }
