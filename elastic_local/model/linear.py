@@ -120,8 +120,8 @@ class Transposed:
 
 
 PANEL = 24  # outputs per panel: gemv.c's PW, the width of its register tiles
-# the column each position of a bf16 panel's row holds: pairs of columns (c, c + 8), then (c, c + 4), so that
-# one shift or one mask of a 32-bit pair widens 8 columns to float32 (gemv.c, bf16_panel_row)
+# the column each position of a bf16 panel's row holds: pairs of columns (c, c + 8), then (16 + c, 20 + c), so
+# that one shift or one mask of 32-bit pairs widens 8 columns to float32 (gemv.c, bf16_panel_row)
 BF16_COLUMNS = (*(c + h for c in range(8) for h in (0, 8)), *(16 + c + h for c in range(4) for h in (0, 4)))
 
 
