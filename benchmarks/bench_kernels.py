@@ -5,8 +5,9 @@ NVFP4 rows (model/gemv.c), where the weights sit in the caches and where they st
 
 Why: batch-1 decode is one matrix-vector product per weight, so a format that reads fewer bytes is faster
 only where the bytes, not the arithmetic, set the pace. Each format's kernel decodes its weights to float32
-in registers (bf16: a shift or a mask; FP8: three integer operations and an fp16 conversion; NVFP4: two
-nibble lookups, an fp16 conversion and a scale per 16), and this measures what that costs:
+in registers (bf16: a shift or a mask per eight; FP8: an unpack, a shift and a mask into bf16s, then as
+bf16; NVFP4: nibble masks and two byte shuffles into bf16s, then as bf16, and a scale per 16), and this
+measures what that costs:
     cached    one [1536, 1024] weight, products repeated on it (6 MiB in float32, 0.8 MiB in NVFP4: all
               within this machine's 8 MiB L3)
     streamed  16 weights [4096, 1024] taken in turn (256 MiB in float32, 36 MiB in NVFP4: far past the
