@@ -123,6 +123,15 @@ PANEL = 24  # outputs per panel: gemv.c's PW, the width of its register tiles
 # the column each position of a bf16 panel's row holds: pairs of columns (c, c + 8), then (16 + c, 20 + c), so
 # that one shift or one mask of 32-bit pairs widens 8 columns to float32 (gemv.c, bf16_panel_row)
 BF16_COLUMNS = (*(c + h for c in range(8) for h in (0, 8)), *(16 + c + h for c in range(4) for h in (0, 4)))
+_BF16_NATURAL = torch.tensor(BF16_COLUMNS).argsort()  # the position each column lies at
+
+
+def _fill_paired(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst[..., :] = src's 24 columns in the order BF16_COLUMNS, in two strided copies: positions 2c + h
+    of the first 16 hold column 8h + c (a [2, 8] -> [8, 2] transpose), positions 16 + 2c + h column
+    16 + 4h + c."""
+    dst[..., :16].unflatten(-1, (8, 2)).copy_(src[..., :16].unflatten(-1, (2, 8)).transpose(-1, -2))
+    dst[..., 16:].unflatten(-1, (4, 2)).copy_(src[..., 16:].unflatten(-1, (2, 4)).transpose(-1, -2))
 
 
 class Panels:
@@ -149,14 +158,12 @@ class Panels:
         *lead, out, inp = w.shape
         whole, rest = divmod(out, PANEL)
         p = w.new_zeros(*lead, whole + (rest > 0), inp, PANEL)  # peak: w and p
-        p[..., :whole, :, :] = w[..., :whole * PANEL, :].unflatten(-2, (whole, PANEL)).transpose(-1, -2)
+        fill = _fill_paired if w.dtype == torch.bfloat16 else torch.Tensor.copy_
+        fill(p[..., :whole, :, :], w[..., :whole * PANEL, :].unflatten(-2, (whole, PANEL)).transpose(-1, -2))
         if rest:
-            p[..., whole, :, :rest] = w[..., whole * PANEL:, :].transpose(-1, -2)
-        if p.dtype == torch.bfloat16:
-            order = torch.tensor(BF16_COLUMNS)
-            rows = p.view(-1, inp, PANEL)
-            for i in range(0, rows.shape[0], 64):  # 64 panels at a time: a small copy beside w and p
-                rows[i:i + 64] = rows[i:i + 64, :, order]
+            last = w.new_zeros(*lead, inp, PANEL)
+            last[..., :rest] = w[..., whole * PANEL:, :].transpose(-1, -2)
+            fill(p[..., whole, :, :], last)
         return cls(p, 0, out)
 
     @property
@@ -186,8 +193,9 @@ class Panels:
 
     def dense(self) -> torch.Tensor:
         """[.., in, out] float32 (a copy): for torch's paths (no kernels, a batch of picked experts)."""
-        p = self.p if self.p.dtype != torch.bfloat16 else self.p[..., torch.tensor(BF16_COLUMNS).argsort()]
-        p = p.movedim(-3, -2)
+        p = self.p.movedim(-3, -2)
+        if p.dtype == torch.bfloat16:
+            p = p[..., _BF16_NATURAL]  # the columns back in order, in the one copy the reshape would make
         return p.reshape(*p.shape[:-2], -1)[..., self.skip:self.skip + self.n].float()
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
