@@ -11,8 +11,9 @@ working tree. For each config (bench_decode's presets, its checkpoints) it print
 per decode step and the working tree's speed-up (above 1: faster). Both sides run the working tree's
 step.py, so `--base` must read what it describes (from the column panels on; across a change to the
 layout, bench_revs.py runs each revision's own Python).
-`gen` is bench_generate.py's nested model (budgets full / mid / small), for changes to what every layer
-costs whatever its budget; `gen16` the same with its Linear weights stored BF16 (as published files are).
+`demo` is the embedded demo model (budgets full / mid / small); `gen` is bench_generate.py's nested model
+(budgets full / mid / small), for changes to what every layer costs whatever its budget; `gen16` the
+same with its Linear weights stored BF16 (as published files are).
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ def build(rev: str, where: Path) -> ctypes.CDLL:
 
 
 def checkpoint(name: str) -> Path:
+    if name == "demo":
+        from elastic_local.paths import DEMO_MODEL
+
+        return DEMO_MODEL
     if name in ("gen", "gen16"):
         import bench_generate
 
@@ -74,7 +79,8 @@ def compare(m, name: str, libs: dict[str, ctypes.CDLL], budget: str | None, reps
     cache = m.net.new_cache(1, budget=b, capacity=prompt + steps + 1)
     times: dict[str, list[float]] = {side: [] for side in libs}
     with torch.inference_mode():
-        m.net.forward(torch.randint(3, 999, (1, prompt), generator=torch.Generator().manual_seed(0)), cache=cache)
+        ids = torch.randint(3, min(999, m.config.vocab_size), (1, prompt), generator=torch.Generator().manual_seed(0))
+        m.net.forward(ids, cache=cache)
         decoders = {side: step.DecodeStep(m.net, b, lib) for side, lib in libs.items()}
         for rep in range(reps + 1):  # the first round warms up
             for side, decode in decoders.items():

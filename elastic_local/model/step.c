@@ -48,79 +48,91 @@ typedef struct {     /* y[n] = sum_k W[n, k] x[k], n < out, k < in */
     int64_t skip;       /* panels: columns of the first panel before the view's first output (gemv.c) */
 } weight;
 
-/* Each block runs in one parallel region: every thread takes its share of each product (no fork per
- * product), the small serial parts run on one thread (`omp single`, which ends in a barrier). */
-#define REGION _Pragma("omp parallel num_threads(threads)")
-#define SINGLE _Pragma("omp single")
+/* A token runs in one parallel region (decode_step, at the end): every thread runs every block, taking its
+ * share of each product. Threads meet at a barrier only where one reads what another wrote: after the
+ * products whose outputs a block's next part reads whole, and at the end of each block, whose residual
+ * the next block's norm reads whole. Each thread computes a block's norm (d floats) itself instead of
+ * waiting for one thread to. (One region per block, a barrier after each norm and a split-K round for
+ * each narrow product cost small budgets most: README, "One parallel region a token".) */
 #define BARRIER _Pragma("omp barrier")
 
-/* Scratch of the split-K product (panels_matvec, below): two rounds of one `width`-float row per thread,
-   used in turn, so that one barrier per product keeps a round's reads apart from the next one's writes. */
-typedef struct {
-    float *rows;
-    int64_t width;
-    int round;
-} partials;
-
-/* y = W x for a weight in column panels (gemv.c). With at least four panels per thread (the kernel's
-   group) each thread computes its share [n0, n1) of the outputs from whole panels: one contiguous run of
-   memory per panel, no barrier (against splitting the inputs for every product: 1.02-1.09x per decode
-   step, bench_ab on gen / 30m / 100m, README). Fewer panels (narrow products: expert up projections)
-   would leave threads idle, so each thread sums a contiguous run of the inputs, the same rows of every
-   panel, into its own row of partial sums, and after a barrier adds up its share; products wider than
-   the scratch (SPLIT_K_MAX_OUT) always split their outputs. */
-static void panels_matvec(const weight *w, const float *x, float *y, int64_t n0, int64_t n1, partials *ps) {
-    const int64_t N = w->out, K = w->in;
-    int64_t parts = 1, part = 0;
+static inline int64_t threads_here(void) {
 #ifdef _OPENMP
-    parts = omp_get_num_threads(), part = omp_get_thread_num();
+    return omp_get_num_threads();
+#else
+    return 1;
 #endif
-    const int64_t panels = (w->skip + N + PW - 1) / PW - w->skip / PW;
-    const int bf16 = w->format == PANELS_BF16;
-    if (parts == 1 || N > ps->width || panels >= 4 * parts) {
-        panels_vec(x, w->w, w->ld, w->skip, K, y, n0, n1, bf16);
-        return;
-    }
-    float *round = ps->rows + ps->round * parts * ps->width;
-    ps->round ^= 1;
-    const int64_t chunk = (K + parts - 1) / parts, k0 = part * chunk < K ? part * chunk : K;
-    const int64_t k1 = k0 + chunk < K ? k0 + chunk : K;
-    panels_vec(x + k0, (const char *)w->w + k0 * PW * (bf16 ? 2 : 4), w->ld, w->skip, k1 - k0,
-               round + part * ps->width, 0, N, bf16);
-    BARRIER;
-    for (int64_t n = n0; n < n1; n++) {
-        float t = 0.f;
-        for (int64_t q = 0; q < parts; q++) t += round[q * ps->width + n];
-        y[n] = t;
+}
+
+static inline int64_t thread_here(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* y = W x, of which this thread computes outputs [n0, n1). */
+typedef struct {
+    const weight *w;
+    const float *x;
+    float *y;
+    int64_t n0, n1;
+} product;
+
+/* The output boundary nearest n at which a unit of w starts: a panel (its first one `skip` short), or 16
+   rows; 0 and out stay themselves, so the first and the last thread cover the ends. */
+static inline int64_t unit_edge(const weight *w, int64_t n) {
+    if (n <= 0 || n >= w->out) return n <= 0 ? 0 : w->out;
+    if (w->format == PANELS_F32 || w->format == PANELS_BF16) n = (n + w->skip + PW / 2) / PW * PW - w->skip;
+    else n = (n + 8) / 16 * 16;
+    return n < 0 ? 0 : n > w->out ? w->out : n;
+}
+
+/* An output's share of a product's work (one even with no inputs: its zeros are still written). */
+static inline int64_t weights_per_output(const weight *w) { return w->in > 0 ? w->in : 1; }
+
+/* This thread's outputs of each of `count` products (their n0, n1): the products' weights laid end to end
+   and cut into one equal run per thread, at whole units. Neighbouring threads compute the same cut from the
+   same number, so the runs tile every product. Products too narrow to share alone (a few panels: expert
+   ups, k and v, a budget's in_proj parts) keep every thread busy together. */
+static void own(product *p, int count) {
+    const int64_t parts = threads_here(), part = thread_here();
+    int64_t total = 0;
+    for (int i = 0; i < count; i++) total += p[i].w->out * weights_per_output(p[i].w);
+    const int64_t lo = total * part / parts, hi = total * (part + 1) / parts;
+    for (int64_t i = 0, start = 0; i < count; i++) {
+        const weight *w = p[i].w;
+        const int64_t K = weights_per_output(w);
+        p[i].n0 = unit_edge(w, (lo - start) / K);
+        p[i].n1 = unit_edge(w, (hi - start) / K);
+        start += w->out * K;
     }
 }
 
-/* This thread's share [*n0, *n1) of y = W x, inside a block's parallel region; every thread calls it. */
-static void matvec(const weight *w, const float *x, float *y, int64_t *n0, int64_t *n1, partials *ps) {
-    share(w->out, n0, n1);
+/* y[n0:n1] = (W x)[n0:n1], any format gemv.c reads. */
+static void run(const product *p) {
+    const weight *w = p->w;
+    const int64_t n0 = p->n0, n1 = p->n1;
+    if (n0 >= n1) return;
     switch (w->format) {
     case PANELS_F32:
-    case PANELS_BF16: panels_matvec(w, x, y, *n0, *n1, ps); break;
-    case ROWS_F32: part_f32(x, w->w, y, 1, w->out, w->in, w->ld, *n0, *n1); break;
-    case ROWS_BF16: part_bf16(x, w->w, y, 1, w->out, w->in, w->ld, *n0, *n1); break;
-    case FP8: part_fp8(x, w->w, y, 1, w->out, w->in, w->ld, w->scale, *n0, *n1); break;
+    case PANELS_BF16: panels_vec(p->x, w->w, w->ld, w->skip, w->in, p->y, n0, n1, w->format == PANELS_BF16); break;
+    case ROWS_F32: part_f32(p->x, w->w, p->y, 1, w->out, w->in, w->ld, n0, n1); break;
+    case ROWS_BF16: part_bf16(p->x, w->w, p->y, 1, w->out, w->in, w->ld, n0, n1); break;
+    case FP8: part_fp8(p->x, w->w, p->y, 1, w->out, w->in, w->ld, w->scale, n0, n1); break;
     case NVFP4: {
         float xp[w->in];
-        permute_nvfp4(x, xp, 1, w->in);
-        part_nvfp4(xp, w->w, w->scales, y, 1, w->out, w->in, w->ld, w->ld_scales, w->scale, *n0, *n1);
+        permute_nvfp4(p->x, xp, 1, w->in);
+        part_nvfp4(xp, w->w, w->scales, p->y, 1, w->out, w->in, w->ld, w->ld_scales, w->scale, n0, n1);
     }
     }
 }
 
-static inline int64_t max3(int64_t a, int64_t b, int64_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
-
-#define SPLIT_K_MAX_OUT 8192
-
-/* A block's one allocation: `n` floats of its own, then the split-K product's two rounds of partial rows
-   for products of up to `*width` outputs (capped at SPLIT_K_MAX_OUT, which bounds it at 64 KiB per thread). */
-static float *scratch(int64_t n, int64_t *width, int threads) {
-    if (*width > SPLIT_K_MAX_OUT) *width = SPLIT_K_MAX_OUT;
-    return malloc(sizeof(float) * (n + 2 * (threads > 1 ? threads : 1) * *width));
+/* This thread's share of `count` products (outputs complete after the next barrier). */
+static void products(product *p, int count) {
+    own(p, count);
+    for (int i = 0; i < count; i++) run(&p[i]);
 }
 
 static inline float silu(float v) { return v / (1.f + expf(-v)); }
@@ -224,42 +236,73 @@ static void ssm_head(const mamba *L, int64_t j, const float *xs, const float *B,
     }
 }
 
-/* conv [k*p + 2*G*N, K]: the last K inputs of the convolution; ssm [G, r, p, N] group-major. */
-int mamba_step(const mamba *L, float *h, float *conv, float *ssm, int threads) {
-    const int64_t d = L->d, k = L->heads, G = L->groups, p = L->head_dim, N = L->state, K = L->conv_k;
+/* The causal depthwise convolution of channels [c0, c1) (shift each one's window, one dot), then silu. */
+static void conv_channels(const mamba *L, float *conv, float *xbc, int64_t c0, int64_t c1) {
+    const int64_t kp = L->heads * L->head_dim, K = L->conv_k;
+    for (int64_t c = c0; c < c1; c++) {
+        float *s = conv + c * K, a = 0.f;
+        const float *w = c < kp ? L->conv_x + c * K : L->conv_bc + (c - kp) * K;
+        for (int64_t j = 0; j < K - 1; j++) a += (s[j] = s[j + 1]) * w[j];
+        a += (s[K - 1] = xbc[c]) * w[K - 1];
+        const float *bias = c < kp ? L->conv_bias_x : L->conv_bias_bc;
+        xbc[c] = bias ? a + bias[c < kp ? c : c - kp] : a;
+    }
+    silu_into(xbc + c0, NULL, c1 - c0);
+}
+
+/* Gated RMSNorm of group g's r heads (q * G + g, rank-major) in y. */
+static void group_norm(const mamba *L, float *y, int64_t g) {
+    const int64_t G = L->groups, p = L->head_dim, r = L->heads / G;
+    float ss = 0.f;
+    for (int64_t q = 0; q < r; q++) {
+        const float *v = y + (q * G + g) * p;
+        for (int64_t i = 0; i < p; i++) ss += v[i] * v[i];
+    }
+    const float rs = 1.f / sqrtf(ss / (float)(r * p) + L->eps);
+    for (int64_t q = 0; q < r; q++) {
+        const int64_t c0 = (q * G + g) * p;
+        for (int64_t i = 0; i < p; i++) y[c0 + i] = L->gate_norm[c0 + i] * (y[c0 + i] * rs);
+    }
+}
+
+static int64_t mamba_scratch(const mamba *L) {
+    const int64_t kp = L->heads * L->head_dim;
+    return 2 * kp + (kp + 2 * L->groups * L->state) + L->heads + L->d;
+}
+
+/* conv [k*p + 2*G*N, K]: the last K inputs of the convolution; ssm [G, r, p, N] group-major. With at least
+   as many groups as threads, a group's heads need only its own channels (its heads' x, its B and C), so
+   each thread takes whole groups from the convolution to the gated norm with no barrier between. */
+static void mamba_block(const mamba *L, float *h, float *conv, float *ssm, float *sh, float *x) {
+    const int64_t d = L->d, k = L->heads, G = L->groups, p = L->head_dim, N = L->state;
     const int64_t r = k / G, kp = k * p, gn = G * N, C = kp + 2 * gn;
-    int64_t width = max3(L->in_proj.out, max3(kp, 2 * gn, d), 0);
-    const int64_t own = 2 * d + 2 * kp + C + k;
-    float *buf = scratch(own, &width, threads);
-    if (!buf) return -1;
-    float *rows = buf + own;
-    float *x = buf, *z = x + d, *xbc = z + kp, *dt = xbc + C, *y = dt + k, *out = y + kp;
-    REGION {
-        int64_t n0, n1;
-        partials ps = {rows, width, 0};
-        SINGLE rms_norm(h, L->norm, x, d, L->eps);
-        if (L->in_proj.out) { /* z, xbc, dt lie one after another in buf, as in in_proj */
-            matvec(&L->in_proj, x, z, &n0, &n1, &ps);
-        } else {
-            matvec(&L->z, x, z, &n0, &n1, &ps);
-            matvec(&L->x, x, xbc, &n0, &n1, &ps);
-            matvec(&L->bc, x, xbc + kp, &n0, &n1, &ps);
-            matvec(&L->dt, x, dt, &n0, &n1, &ps);
-        }
-        BARRIER;
-        { /* causal depthwise convolution: shift each channel's window, one dot; then silu, 8 channels at once */
-            int64_t c0, c1;
-            share(C, &c0, &c1);
-            for (int64_t c = c0; c < c1; c++) {
-                float *s = conv + c * K, a = 0.f;
-                const float *w = c < kp ? L->conv_x + c * K : L->conv_bc + (c - kp) * K;
-                for (int64_t j = 0; j < K - 1; j++) a += (s[j] = s[j + 1]) * w[j];
-                a += (s[K - 1] = xbc[c]) * w[K - 1];
-                const float *bias = c < kp ? L->conv_bias_x : L->conv_bias_bc;
-                xbc[c] = bias ? a + bias[c < kp ? c : c - kp] : a;
+    float *z = sh, *xbc = z + kp, *dt = xbc + C, *y = dt + k, *out = y + kp;
+    rms_norm(h, L->norm, x, d, L->eps);
+    if (L->in_proj.out) { /* z, xbc, dt lie one after another, as in in_proj */
+        product ip = {&L->in_proj, x, z};
+        products(&ip, 1);
+    } else {
+        product ps[4] = {{&L->z, x, z}, {&L->x, x, xbc}, {&L->bc, x, xbc + kp}, {&L->dt, x, dt}};
+        products(ps, 4);
+    }
+    BARRIER;
+    if (G >= threads_here()) {
+        #pragma omp for schedule(static)
+        for (int64_t g = 0; g < G; g++) {
+            for (int64_t q = 0; q < r; q++) conv_channels(L, conv, xbc, (q * G + g) * p, (q * G + g + 1) * p);
+            conv_channels(L, conv, xbc, kp + g * N, kp + (g + 1) * N);
+            conv_channels(L, conv, xbc, kp + gn + g * N, kp + gn + (g + 1) * N);
+            for (int64_t q = 0; q < r; q++) {
+                const int64_t j = q * G + g;
+                ssm_head(L, j, xbc, xbc + kp, xbc + kp + gn, dt[j], ssm, y);
+                silu_into(y + j * p, z + j * p, p);
             }
-            silu_into(xbc + c0, NULL, c1 - c0);
+            group_norm(L, y, g);
         }
+    } else {
+        int64_t c0, c1;
+        share(C, &c0, &c1);
+        conv_channels(L, conv, xbc, c0, c1);
         BARRIER;
         #pragma omp for schedule(static)
         for (int64_t j = 0; j < k; j++) {
@@ -267,23 +310,11 @@ int mamba_step(const mamba *L, float *h, float *conv, float *ssm, int threads) {
             silu_into(y + j * p, z + j * p, p);
         }
         #pragma omp for schedule(static)
-        for (int64_t g = 0; g < G; g++) { /* gated RMSNorm over each group's r heads */
-            float ss = 0.f;
-            for (int64_t q = 0; q < r; q++) {
-                const float *v = y + (q * G + g) * p;
-                for (int64_t i = 0; i < p; i++) ss += v[i] * v[i];
-            }
-            const float rs = 1.f / sqrtf(ss / (float)(r * p) + L->eps);
-            for (int64_t q = 0; q < r; q++) {
-                const int64_t c0 = (q * G + g) * p;
-                for (int64_t i = 0; i < p; i++) y[c0 + i] = L->gate_norm[c0 + i] * (y[c0 + i] * rs);
-            }
-        }
-        matvec(&L->out, y, out, &n0, &n1, &ps);
-        for (int64_t i = n0; i < n1; i++) h[i] += out[i];
+        for (int64_t g = 0; g < G; g++) group_norm(L, y, g);
     }
-    free(buf);
-    return 0;
+    product o = {&L->out, y, out};
+    products(&o, 1);
+    for (int64_t i = o.n0; i < o.n1; i++) h[i] += out[i];
 }
 
 /* ---------------------------------------------------------------------------------------- attention */
@@ -295,49 +326,48 @@ typedef struct {
     float eps;
 } attention;
 
-/* kc, vc [KV, capacity, hd]: positions < pos are cached; this token's key and value go to pos. */
-int attention_step(const attention *L, float *h, float *kc, float *vc, int64_t capacity, int64_t pos, int threads) {
+static int64_t attention_scratch(const attention *L, int64_t pos) {
+    const int64_t H = L->heads, hd = L->head_dim;
+    return 2 * H * hd + 2 * L->kv_heads * hd + H * (pos + 1) + L->d;
+}
+
+/* kc, vc [KV, capacity, hd]: positions < pos are cached; this token's key and value go to pos. Its own
+   position's key and value are read from where the products left them, so the cache is written while
+   other threads read it (positions before pos only). */
+static void attention_block(const attention *L, float *h, float *kc, float *vc, int64_t capacity, int64_t pos,
+                            float *sh, float *x) {
     const int64_t d = L->d, H = L->heads, KV = L->kv_heads, hd = L->head_dim, T = pos + 1;
-    int64_t width = max3(H * hd, KV * hd, d);
-    const int64_t own = 2 * d + H * hd + 2 * KV * hd + H * hd + H * T;
-    float *buf = scratch(own, &width, threads);
-    if (!buf) return -1;
-    float *rows = buf + own;
-    float *x = buf, *q = x + d, *kn = q + H * hd, *vn = kn + KV * hd, *att = vn + KV * hd, *p = att + H * hd;
-    float *out = p + H * T;
+    float *q = sh, *kn = q + H * hd, *vn = kn + KV * hd, *att = vn + KV * hd, *p = att + H * hd, *out = p + H * T;
     const float scale = 1.f / sqrtf((float)hd);
-    REGION {
-        int64_t n0, n1;
-        partials ps = {rows, width, 0};
-        SINGLE rms_norm(h, L->norm, x, d, L->eps);
-        matvec(&L->q, x, q, &n0, &n1, &ps);
-        matvec(&L->k, x, kn, &n0, &n1, &ps);
-        matvec(&L->v, x, vn, &n0, &n1, &ps);
-        BARRIER;
-        SINGLE for (int64_t g = 0; g < KV; g++) {
-            memcpy(kc + (g * capacity + pos) * hd, kn + g * hd, hd * sizeof(float));
-            memcpy(vc + (g * capacity + pos) * hd, vn + g * hd, hd * sizeof(float));
-        }
-        #pragma omp for schedule(static)
-        for (int64_t j = 0; j < H; j++) { /* query head j reads KV head j % KV (rank-major) */
-            const float *qj = q + j * hd, *Kj = kc + (j % KV) * capacity * hd, *Vj = vc + (j % KV) * capacity * hd;
-            float *pj = p + j * T, *oj = att + j * hd, top = -INFINITY, sum = 0.f;
-            for (int64_t t = 0; t < T; t++) {
-                pj[t] = dot(qj, Kj + t * hd, hd) * scale;
-                top = fmaxf(top, pj[t]);
-            }
-            for (int64_t t = 0; t < T; t++) sum += (pj[t] = expf(pj[t] - top));
-            for (int64_t i = 0; i < hd; i++) oj[i] = 0.f;
-            for (int64_t t = 0; t < T; t++) {
-                const float w = pj[t] / sum, *vt = Vj + t * hd;
-                for (int64_t i = 0; i < hd; i++) oj[i] += w * vt[i];
-            }
-        }
-        matvec(&L->o, att, out, &n0, &n1, &ps);
-        for (int64_t i = n0; i < n1; i++) h[i] += out[i];
+    rms_norm(h, L->norm, x, d, L->eps);
+    product qkv[3] = {{&L->q, x, q}, {&L->k, x, kn}, {&L->v, x, vn}};
+    products(qkv, 3);
+    BARRIER;
+    int64_t c0, c1;
+    share(KV * hd, &c0, &c1);
+    for (int64_t c = c0; c < c1; c++) {
+        kc[((c / hd) * capacity + pos) * hd + c % hd] = kn[c];
+        vc[((c / hd) * capacity + pos) * hd + c % hd] = vn[c];
     }
-    free(buf);
-    return 0;
+    #pragma omp for schedule(static)
+    for (int64_t j = 0; j < H; j++) { /* query head j reads KV head j % KV (rank-major) */
+        const int64_t g = j % KV;
+        const float *qj = q + j * hd, *Kj = kc + g * capacity * hd, *Vj = vc + g * capacity * hd;
+        float *pj = p + j * T, *oj = att + j * hd, top = -INFINITY, sum = 0.f;
+        for (int64_t t = 0; t < T; t++) {
+            pj[t] = dot(qj, t < pos ? Kj + t * hd : kn + g * hd, hd) * scale;
+            top = fmaxf(top, pj[t]);
+        }
+        for (int64_t t = 0; t < T; t++) sum += (pj[t] = expf(pj[t] - top));
+        for (int64_t i = 0; i < hd; i++) oj[i] = 0.f;
+        for (int64_t t = 0; t < T; t++) {
+            const float w = pj[t] / sum, *vt = t < pos ? Vj + t * hd : vn + g * hd;
+            for (int64_t i = 0; i < hd; i++) oj[i] += w * vt[i];
+        }
+    }
+    product o = {&L->o, att, out};
+    products(&o, 1);
+    for (int64_t i = o.n0; i < o.n1; i++) h[i] += out[i];
 }
 
 /* ------------------------------------------------------------------------------------ MoE and MLP */
@@ -353,9 +383,9 @@ typedef struct {
 } moe;
 
 /* Router (moe.py's route with n_group 1): the top-k of sigmoid scores plus bias, weighted by the scores. */
-static void route(const moe *L, const float *x, float *score, int64_t *ids, float *w) {
+static void route(const moe *L, const float *x, int64_t *ids, float *w) {
     const int64_t E = L->experts, k = L->top_k;
-    float choice[E], total = 0.f;
+    float score[E], choice[E], total = 0.f;
     for (int64_t e = 0; e < E; e++) {
         score[e] = 1.f / (1.f + expf(-dot(L->gate + e * L->ld_gate, x, L->d)));
         choice[e] = score[e] + L->bias[e];
@@ -371,45 +401,39 @@ static void route(const moe *L, const float *x, float *score, int64_t *ids, floa
     for (int64_t i = 0; i < k; i++) w[i] = (L->norm_top_k ? w[i] / (total + 1e-20f) : w[i]) * L->scaling;
 }
 
-/* this thread's share of relu(up x)^2 into hidden */
-static void up_relu2(const weight *up, const float *x, float *hidden, partials *ps) {
-    int64_t n0, n1;
-    matvec(up, x, hidden, &n0, &n1, ps);
-    for (int64_t i = n0; i < n1; i++) hidden[i] = hidden[i] > 0.f ? hidden[i] * hidden[i] : 0.f;
+static void relu2(float *v, int64_t n0, int64_t n1) {
+    for (int64_t i = n0; i < n1; i++) v[i] = v[i] > 0.f ? v[i] * v[i] : 0.f;
 }
 
+static int64_t moe_scratch(const moe *L) { return (L->top_k + 1) * (L->hidden + L->d); }
+
 /* The k routed experts and the shared one (the last of k + 1 hidden / out rows), their outputs summed in
-   the torch path's order: experts best first, then the shared expert. */
-int moe_step(const moe *L, float *h, int threads) {
-    const int64_t d = L->d, E = L->experts, k = L->top_k, I = L->hidden;
-    int64_t width = max3(I, d, 0);
-    const int64_t own = d + E + (k + 1) * (I + d);
-    float *buf = scratch(own, &width, threads);
-    if (!buf) return -1;
-    float *rows = buf + own;
-    float *x = buf, *score = x + d, *hidden = score + E, *outs = hidden + (k + 1) * I;
+   the torch path's order: experts best first, then the shared expert. Every thread routes for itself (the
+   same numbers from the same code). The down projections share d alike, so each thread sums its own. */
+static void moe_block(const moe *L, float *h, float *sh, float *x) {
+    const int64_t d = L->d, k = L->top_k, I = L->hidden;
+    float *hidden = sh, *outs = hidden + (k + 1) * I, w[k];
     int64_t ids[k];
-    float w[k];
-    REGION {
-        partials ps = {rows, width, 0};
-        SINGLE {
-            rms_norm(h, L->norm, x, d, L->eps);
-            route(L, x, score, ids, w);
-        }
-        for (int64_t i = 0; i < k; i++) up_relu2(&L->up[ids[i]], x, hidden + i * I, &ps);
-        up_relu2(&L->shared_up, x, hidden + k * I, &ps);
-        BARRIER;
-        int64_t n0, n1;
-        for (int64_t i = 0; i < k; i++) matvec(&L->down[ids[i]], hidden + i * I, outs + i * d, &n0, &n1, &ps);
-        matvec(&L->shared_down, hidden + k * I, outs + k * d, &n0, &n1, &ps);
-        for (int64_t c = n0; c < n1; c++) { /* shares of d: every down projection's, the same */
-            float acc = 0.f;
-            for (int64_t i = 0; i < k; i++) acc += outs[i * d + c] * w[i];
-            h[c] += acc + outs[k * d + c];
-        }
+    rms_norm(h, L->norm, x, d, L->eps);
+    route(L, x, ids, w);
+    product up[k + 1], down[k + 1];
+    for (int64_t i = 0; i <= k; i++) {
+        up[i] = (product){i < k ? &L->up[ids[i]] : &L->shared_up, x, hidden + i * I};
+        down[i] = (product){i < k ? &L->down[ids[i]] : &L->shared_down, hidden + i * I, outs + i * d};
     }
-    free(buf);
-    return 0;
+    products(up, (int)k + 1);
+    for (int64_t i = 0; i <= k; i++) relu2(up[i].y, up[i].n0, up[i].n1);
+    BARRIER;
+    own(down, 1);
+    for (int64_t i = 0; i <= k; i++) {
+        down[i].n0 = down[0].n0, down[i].n1 = down[0].n1;
+        run(&down[i]);
+    }
+    for (int64_t c = down[0].n0; c < down[0].n1; c++) {
+        float acc = 0.f;
+        for (int64_t i = 0; i < k; i++) acc += outs[i * d + c] * w[i];
+        h[c] += acc + outs[k * d + c];
+    }
 }
 
 typedef struct {
@@ -419,44 +443,18 @@ typedef struct {
     float eps;
 } mlp;
 
-int mlp_step(const mlp *L, float *h, int threads) {
-    const int64_t d = L->d;
-    int64_t width = max3(L->up.out, d, 0);
-    const int64_t own = 2 * d + L->up.out;
-    float *buf = scratch(own, &width, threads);
-    if (!buf) return -1;
-    float *rows = buf + own;
-    float *x = buf, *out = x + d, *hidden = out + d;
-    REGION {
-        partials ps = {rows, width, 0};
-        SINGLE rms_norm(h, L->norm, x, d, L->eps);
-        up_relu2(&L->up, x, hidden, &ps);
-        BARRIER;
-        int64_t n0, n1;
-        matvec(&L->down, hidden, out, &n0, &n1, &ps);
-        for (int64_t i = n0; i < n1; i++) h[i] += out[i];
-    }
-    free(buf);
-    return 0;
-}
+static int64_t mlp_scratch(const mlp *L) { return L->up.out + L->d; }
 
-/* ------------------------------------------------------------------------------------------- head */
-
-/* logits [V] = lm_head(norm_f(h)) */
-int head_step(const float *h, const float *norm, const weight *lm_head, int64_t d, float eps, float *logits,
-              int threads) {
-    int64_t width = lm_head->out;
-    float *x = scratch(d, &width, threads);
-    if (!x) return -1;
-    float *rows = x + d;
-    REGION {
-        int64_t n0, n1;
-        partials ps = {rows, width, 0};
-        SINGLE rms_norm(h, norm, x, d, eps);
-        matvec(lm_head, x, logits, &n0, &n1, &ps);
-    }
-    free(x);
-    return 0;
+static void mlp_block(const mlp *L, float *h, float *sh, float *x) {
+    float *hidden = sh, *out = hidden + L->up.out;
+    rms_norm(h, L->norm, x, L->d, L->eps);
+    product up = {&L->up, x, hidden};
+    products(&up, 1);
+    relu2(hidden, up.n0, up.n1);
+    BARRIER;
+    product down = {&L->down, hidden, out};
+    products(&down, 1);
+    for (int64_t i = down.n0; i < down.n1; i++) h[i] += out[i];
 }
 
 /* -------------------------------------------------------------------------------------- the step */
@@ -466,26 +464,45 @@ typedef struct {
     const void *args; /* its mamba / attention / moe / mlp */
 } block;
 
-/* One token through every block and the head, in one call: per block a call from Python costs more than a
-   small block's work (about 6 us each, measured with empty blocks). h [d] holds the token's embedding;
-   state[2i], state[2i + 1] are block i's conv and SSM states or its K and V caches, capacity[i] the
-   latter's. Returns 0, or i + 1 where block i (n: the head) could not allocate its scratch. */
+/* One token through every block and the head (logits [V] = lm_head(norm_f(h))), in one call and one
+   parallel region: per block a call from Python costs more than a small block's work (about 6 us each,
+   measured with empty blocks), and waking the threads once per block about 1 us. h [d] holds the token's
+   embedding; state[2i], state[2i + 1] are block i's conv and SSM states or its K and V caches, capacity[i]
+   the latter's. Returns 0, or -1 where the scratch buffer could not be allocated. */
 int decode_step(const block *blocks, int64_t n, void *const *state, const int64_t *capacity, int64_t pos,
                 float *h, const float *norm, const weight *lm_head, int64_t d, float eps, float *logits,
                 int threads) {
+    int64_t shared = 0;
     for (int64_t i = 0; i < n; i++) {
-        float *a = state[2 * i], *b = state[2 * i + 1];
         const void *L = blocks[i].args;
-        int rc;
-        switch (blocks[i].kind) {
-        case 'M': rc = mamba_step(L, h, a, b, threads); break;
-        case '*': rc = attention_step(L, h, a, b, capacity[i], pos, threads); break;
-        case 'E': rc = moe_step(L, h, threads); break;
-        default: rc = mlp_step(L, h, threads);
-        }
-        if (rc) return (int)(i + 1);
+        const int64_t need = blocks[i].kind == 'M' ? mamba_scratch(L)
+                             : blocks[i].kind == '*' ? attention_scratch(L, pos)
+                             : blocks[i].kind == 'E' ? moe_scratch(L) : mlp_scratch(L);
+        shared = need > shared ? need : shared;
     }
-    return head_step(h, norm, lm_head, d, eps, logits, threads) ? (int)(n + 1) : 0;
+    const int64_t dx = (d + 15) / 16 * 16; /* each thread's normed input, a cache line apart */
+    float *buf = malloc(sizeof(float) * (shared + (threads > 1 ? threads : 1) * dx));
+    if (!buf) return -1;
+    #pragma omp parallel num_threads(threads)
+    {
+        float *x = buf + shared + thread_here() * dx;
+        for (int64_t i = 0; i < n; i++) {
+            float *a = state[2 * i], *b = state[2 * i + 1];
+            const void *L = blocks[i].args;
+            switch (blocks[i].kind) {
+            case 'M': mamba_block(L, h, a, b, buf, x); break;
+            case '*': attention_block(L, h, a, b, capacity[i], pos, buf, x); break;
+            case 'E': moe_block(L, h, buf, x); break;
+            default: mlp_block(L, h, buf, x);
+            }
+            BARRIER;
+        }
+        rms_norm(h, norm, x, d, eps);
+        product head = {lm_head, x, logits};
+        products(&head, 1);
+    }
+    free(buf);
+    return 0;
 }
 
 /* ------------------------------------------------------------------------ Mamba2 over a prompt */

@@ -225,8 +225,8 @@ class DecodeStep:
                                   ctypes.byref(self.lm_head), self.d, self.eps, logits.data_ptr(),
                                   torch.get_num_threads())
         if rc:  # step.c's only failure
-            where = f"layer {self.blocks[rc - 1][0]}" if rc <= len(self.blocks) else "the LM head"
-            raise MemoryError(f"out of memory for {where}'s decode scratch buffer")
+            raise MemoryError(f"out of memory for the decode step's scratch buffer at position {pos} (it grows "
+                              "with the attention scores of every position): free memory or shorten the context")
         cache.lengths = [pos + 1]
         return logits
 
