@@ -9,7 +9,7 @@ decode spreads reached 40-80% here). Alternating two builds of model/gemv.c + st
 one process cancels most of that. `--base` is a git revision of the two sources; the other side is the
 working tree. For each config (bench_decode's presets, its checkpoints) it prints each side's median ms
 per decode step and the working tree's speed-up (above 1: faster). Both sides run the working tree's
-step.py, so `--base` must read what it describes (from the column panels on; across a change to the
+step.py, so `--base` must read what it describes (from `decode_token` on; across a change to the
 layout, bench_revs.py runs each revision's own Python).
 `demo` is the embedded demo model (budgets full / mid / small); `gen` is bench_generate.py's nested model
 (budgets full / mid / small), for changes to what every layer costs whatever its budget; `gen16` the
@@ -111,11 +111,9 @@ def main() -> None:
         raise SystemExit("the CPU decode kernels are unavailable here (see the warning): nothing to compare")
     with tempfile.TemporaryDirectory() as tmp:
         base = build(args.base, Path(tmp))
-        if not hasattr(base, "decode_step"):
-            raise SystemExit(f"{args.base}'s kernels have no decode_step (the one-call step); pick a later --base")
-        if not hasattr(base, "gemv_p_f32"):
-            raise SystemExit(f"{args.base}'s decode step predates the column panels, which the working tree's "
-                             "step.py describes float32 weights as: compare across them with bench_revs.py")
+        if not hasattr(base, "decode_token"):
+            raise SystemExit(f"{args.base}'s kernels have no decode_token (the step's arguments in one struct, "
+                             "which the working tree's step.py passes): compare across it with bench_revs.py")
         libs = {"base": base, "tree": gemv.library()}
         print(f"C decode step, {args.base} (base) against the working tree, {args.threads} threads, "
               f"median of {args.reps} reps of {args.steps} steps, alternated")

@@ -151,7 +151,7 @@ def test_a_step_without_scratch_memory_says_so_and_leaves_the_cache_length(neste
     with torch.no_grad():
         net.forward(torch.tensor([[1, 2, 3]]), cache=cache)
         c_step = net._c_step(cache)
-        c_step.lib = SimpleNamespace(decode_step=lambda *args: -1)
+        c_step.lib = SimpleNamespace(decode_token=lambda *args: -1)
         with pytest.raises(MemoryError, match="decode step's scratch buffer at position 3.*shorten the context"):
             net.decode_token(4, cache)
         assert cache.lengths == [3]
@@ -204,3 +204,24 @@ def test_a_vocabulary_of_8300_decodes_like_transformers(tmp_path, threads):
     out = [m.forward(ids[:, :4], cache)] + [m.forward(ids[:, t:t + 1], cache) for t in range(4, 7)]
     assert isinstance(m.net.c_steps[m.budget()], step.DecodeStep)
     torch.testing.assert_close(torch.cat(out, dim=1), hf_logits(hf, ids), atol=1e-4, rtol=0)
+
+
+def test_two_caches_decoded_in_turn_each_follow_their_own_tokens(nested):
+    """One budget's step serves whichever cache it is handed: its Mamba states are bound per cache, its
+    K / V caches each token (here they grow past their first capacity, 64 positions, mid-way)."""
+    net = elastic_local.load(nested).net
+    prompts = [torch.tensor([1, 2, 3]), torch.tensor([9, 8, 7, 6, 5])]
+    alone = [greedy(net, net.resident, p, 70)[0] for p in prompts]
+    with torch.inference_mode():
+        caches = [net.new_cache() for _ in prompts]
+        toks = [int(net.forward(p[None], cache=c, last_only=True)[0, -1].argmax()) for p, c in zip(prompts, caches)]
+        turns = [[], []]
+        for _ in range(70):
+            for r, c in enumerate(caches):
+                out = net.decode_token(toks[r], c)[0]
+                turns[r].append(out)
+                toks[r] = int(out.argmax())
+    assert isinstance(net.c_steps[net.resident], step.DecodeStep)
+    for r in range(2):
+        torch.testing.assert_close(torch.stack(turns[r]), alone[r], atol=0, rtol=0)
+        assert caches[r].lengths == [len(prompts[r]) + 70]

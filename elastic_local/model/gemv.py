@@ -58,7 +58,7 @@ _SIGNATURES = {
     "gemv_bf16": [_P, _P, _P, _I, _I, _I, _I, _C],
     "gemv_fp8": [_P, _P, _P, _I, _I, _I, _I, _F, _C],
     "gemv_nvfp4": [_P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _C],
-    "decode_step": [_P, _I, _P, _P, _I, _P, _P, _P, _I, _F, _P, _C],
+    "decode_token": [_P, _I, _I, _P, _C],
     "conv_prefill": [_P, _I, _I, _P, _P, _P, _P, _I, _I, _I, _I, _C],
     "ssm_scan": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _C],
     "experts_prefill": [_P, _I, _I, _P, _P, _I, _I, _P, _P, _I, _P, _C],

@@ -302,7 +302,7 @@ class NemotronH:
         T = ids.shape[1]
         if cache is not None and T == 1 and soft is None and soft_hidden is None and self.observer is None:
             if ids.shape[0] == 1 and (c_step := self._c_step(cache)) is not None:
-                return c_step(int(ids[0, 0]), cache)
+                return c_step(int(ids[0, 0]), cache)[:, None]
             if self.graphs is not None and torch.is_inference_mode_enabled():
                 return self._graphed_step(ids, b, cache)
             if self.compiled is not None and torch.is_inference_mode_enabled():
@@ -317,7 +317,7 @@ class NemotronH:
         """Logits [1, V] of one sequence's next `token`, advancing `cache`: batch-1 decode without building a
         tensor of one id (the engine's loop; on a small model the ops around a step cost a fifth of it)."""
         if self.observer is None and (c_step := self._c_step(cache)) is not None:
-            return c_step(token, cache)[:, -1]
+            return c_step(token, cache)
         return self.forward(torch.tensor([[token]], device=self.device), cache=cache)[:, -1]
 
     def _c_step(self, cache: HybridCache) -> step.DecodeStep | None:

@@ -469,9 +469,9 @@ typedef struct {
    measured with empty blocks), and waking the threads once per block about 1 us. h [d] holds the token's
    embedding; state[2i], state[2i + 1] are block i's conv and SSM states or its K and V caches, capacity[i]
    the latter's. Returns 0, or -1 where the scratch buffer could not be allocated. */
-int decode_step(const block *blocks, int64_t n, void *const *state, const int64_t *capacity, int64_t pos,
-                float *h, const float *norm, const weight *lm_head, int64_t d, float eps, float *logits,
-                int threads) {
+static int decode_step(const block *blocks, int64_t n, void *const *state, const int64_t *capacity, int64_t pos,
+                       float *h, const float *norm, const weight *lm_head, int64_t d, float eps, float *logits,
+                       int threads) {
     int64_t shared = 0;
     for (int64_t i = 0; i < n; i++) {
         const void *L = blocks[i].args;
@@ -503,6 +503,30 @@ int decode_step(const block *blocks, int64_t n, void *const *state, const int64_
     }
     free(buf);
     return 0;
+}
+
+/* What a budget's decode step reads that does not change from token to token (model/step.py's Step,
+   built once per budget): one pointer to pass, where a dozen arguments cost Python more than a small
+   budget's whole step saves. */
+typedef struct {
+    const block *blocks;
+    int64_t n;
+    void *const *state;      /* [2n], set by step.py: Mamba states once per cache, K / V caches each token */
+    const int64_t *capacity; /* [n] */
+    float *h;                /* [d] */
+    const float *embed;      /* [V, ld_embed] */
+    int64_t ld_embed;
+    const float *norm;
+    const weight *lm_head;
+    int64_t d;
+    float eps;
+} step;
+
+/* logits [V] of `token` at position `pos` (decode_step's return). */
+int decode_token(const step *s, int64_t token, int64_t pos, float *logits, int threads) {
+    memcpy(s->h, s->embed + token * s->ld_embed, sizeof(float) * s->d);
+    return decode_step(s->blocks, s->n, s->state, s->capacity, pos, s->h, s->norm, s->lm_head, s->d, s->eps,
+                       logits, threads);
 }
 
 /* ------------------------------------------------------------------------ Mamba2 over a prompt */

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -177,8 +178,20 @@ class Block(ctypes.Structure):
     _fields_ = [("kind", _I), ("args", _P)]
 
 
+class Step(ctypes.Structure):
+    """step.c's `step`: what a budget's decode step reads that does not change from token to token."""
+
+    _fields_ = [("blocks", _P), ("n", _I), ("state", _P), ("capacity", _P), ("h", _P), ("embed", _P),
+                ("ld_embed", _I), ("norm", _P), ("lm_head", _P), ("d", _I), ("eps", _F)]
+
+
 class DecodeStep:
-    """Budget `b`'s decode step of `net` for one sequence: `step(token, cache)` -> logits [1, 1, V]."""
+    """Budget `b`'s decode step of `net` for one sequence: `step(token, cache)` -> logits [1, V].
+
+    Its Python is what a token costs beside the C step, on every budget alike (a small budget's step is a
+    quarter of a millisecond on the demo model), so a call sets only what changes: the K / V caches (they
+    are replaced as they grow) and, when the cache is another one, the Mamba states (updated in place for
+    a cache's life)."""
 
     def __init__(self, net: NemotronH, b: Budget, lib: ctypes.CDLL):
         d, keep = b.hidden, []
@@ -199,36 +212,43 @@ class DecodeStep:
         if embed.dtype != torch.float32 or embed.stride(1) != 1:
             raise Unsupported("an embedding that is not float32 rows")
         self.lm_head = weight(block(net.lm_head, 0, net.lm_head.shape[0], d))
-        self.norm_f = _floats(net.norm_f[:d])
-        self.embed, self.row_bytes, self.d, self.eps = embed, embed.stride(0) * 4, d, net.cfg.layer_norm_epsilon
-        self.h = torch.empty(d)
+        self.embed, self.h = embed, torch.empty(d)
         n = len(self.blocks)
         self.table = (Block * n)(*(Block(ord(kind), ctypes.addressof(args)) for _, kind, args in self.blocks))
-        self.state, self.capacity = (_P * (2 * n))(), (_I * max(n, 1))()  # the cache's, filled per call
+        self.state, self.capacity = (_P * (2 * n))(), (_I * max(n, 1))()  # the cache's
+        self.attention = [(j, i) for j, (i, kind, _) in enumerate(self.blocks) if kind == "*"]
+        self.args = Step(ctypes.addressof(self.table), n, ctypes.addressof(self.state),
+                         ctypes.addressof(self.capacity), self.h.data_ptr(), embed.data_ptr(), embed.stride(0),
+                         _floats(net.norm_f[:d]), ctypes.addressof(self.lm_head), d, net.cfg.layer_norm_epsilon)
+        self._args = ctypes.byref(self.args)
+        self._bound: weakref.ref[HybridCache] | None = None  # the cache whose Mamba states `state` holds
         self.lib, self.keep = lib, keep
 
     def __call__(self, token: int, cache: HybridCache) -> Tensor:
         if not 0 <= token < self.embed.shape[0]:
             raise IndexError(f"token id {token} is outside the vocabulary (0..{self.embed.shape[0] - 1})")
-        pos, state = cache.lengths[0], self.state
-        for j, (i, kind, _) in enumerate(self.blocks):
-            s = cache.layers[i]
-            if kind == "M":
-                state[2 * j], state[2 * j + 1] = s.conv.data_ptr(), s.ssm.data_ptr()
-            elif kind == "*":
+        pos, state, layers = cache.lengths[0], self.state, cache.layers
+        if self._bound is None or self._bound() is not cache:
+            self._bind(cache)
+        for j, i in self.attention:
+            s = layers[i]
+            if s.k.shape[2] <= pos:
                 s.grow(pos + 1)
-                state[2 * j], state[2 * j + 1], self.capacity[j] = s.k.data_ptr(), s.v.data_ptr(), s.k.shape[2]
-        h = self.h.data_ptr()
-        ctypes.memmove(h, self.embed.data_ptr() + token * self.row_bytes, self.d * 4)
-        logits = torch.empty(1, 1, self.lm_head.out)
-        rc = self.lib.decode_step(self.table, len(self.blocks), state, self.capacity, pos, h, self.norm_f,
-                                  ctypes.byref(self.lm_head), self.d, self.eps, logits.data_ptr(),
-                                  torch.get_num_threads())
-        if rc:  # step.c's only failure
+            state[2 * j], state[2 * j + 1], self.capacity[j] = s.k.data_ptr(), s.v.data_ptr(), s.k.shape[2]
+        logits = torch.empty(1, self.lm_head.out)
+        if self.lib.decode_token(self._args, token, pos, logits.data_ptr(), torch.get_num_threads()):
             raise MemoryError(f"out of memory for the decode step's scratch buffer at position {pos} (it grows "
                               "with the attention scores of every position): free memory or shorten the context")
         cache.lengths = [pos + 1]
         return logits
+
+    def _bind(self, cache: HybridCache) -> None:
+        """Point the state table at `cache`'s Mamba states (a weak reference: the step keeps no cache alive)."""
+        for j, (i, kind, _) in enumerate(self.blocks):
+            if kind == "M":
+                s = cache.layers[i]
+                self.state[2 * j], self.state[2 * j + 1] = s.conv.data_ptr(), s.ssm.data_ptr()
+        self._bound = weakref.ref(cache)
 
 
 def build(net: NemotronH, b: Budget) -> DecodeStep | None:
