@@ -89,6 +89,10 @@ class CacheSet:
         cache = self._cache(budget, seqs[0], capacity)
         gaps = [len(s) - cache.lengths[p] for s, p in zip(seqs, positions)]
         assert min(gaps) >= 1, "a cache consumed tokens its row does not have"
+        if max(gaps) == 1:  # every row one token behind (decoding): one batched step, its logits as they come
+            t = time.perf_counter()
+            out = self._decode(budget, positions, [s[-1] for s in seqs])
+            return out, [time.perf_counter() - t] * len(seqs), [None] * len(seqs)
         logits: list[torch.Tensor | None] = [None] * len(positions)
         seconds = [0.0] * len(positions)
         caught: list[Caught | None] = [None] * len(positions)

@@ -201,7 +201,7 @@ class Generation:
             sample_s = time.perf_counter() - t
             catch_ups = [None if c is None else CatchUp(r.index, budget, c.tokens, s, not r.prefilled, c.transplanted,
                                                         c.end - self.t0)
-                         for r, s, c in zip(rows, seconds, caught)]
+                         for r, s, c in zip(rows, seconds, caught)] if any(caught) else caught
             events += [c for c in catch_ups if c is not None]
             for row, tok, s, c in zip(rows, tokens, seconds, catch_ups):
                 self._account(row, budget, s, sample_s, c)
@@ -214,11 +214,13 @@ class Generation:
         groups: dict[int, list[int]] = {}
         for j, row in enumerate(rows):
             groups.setdefault(id(self.options[row.index]), []).append(j)
+        if len(groups) == 1:
+            opts = self.options[rows[0].index]
+            return sample(logits, opts.sampling, opts.generator)
         tokens = [0] * len(rows)
         for js in groups.values():
             opts = self.options[rows[js[0]].index]
-            picked = logits if len(js) == len(rows) else logits[js]
-            for j, tok in zip(js, sample(picked, opts.sampling, opts.generator).tolist()):
+            for j, tok in zip(js, sample(logits[js], opts.sampling, opts.generator)):
                 tokens[j] = tok
         return tokens
 
@@ -239,6 +241,8 @@ class Generation:
         self.active = [self.active[pos] for pos in keep]
 
     def _apply_switch(self) -> list[Event]:
+        if not self._switch:  # read without the lock: a switch arriving now is taken at the next token
+            return []
         with self._lock:
             pending, self._switch = self._switch, {}
         events: list[Event] = []

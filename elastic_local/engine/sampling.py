@@ -72,11 +72,18 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(-1, order, p.masked_fill(mass - p >= top_p, 0.0))
 
 
-def sample(logits: torch.Tensor, s: Sampling, generator: torch.Generator | None = None) -> torch.Tensor:
-    """[B, V] logits -> [B] token ids."""
+def sample(logits: torch.Tensor, s: Sampling, generator: torch.Generator | None = None) -> list[int]:
+    """[B, V] logits -> B token ids.
+
+    Greedy float32 logits on the CPU take numpy's argmax (the same first maximum, NaN counted largest, as
+    torch's): right after a decode step, whose weights have pushed the interpreter out of the caches,
+    torch's dispatch of one argmax cost the demo model about 20 us a token more (README, "The Python
+    around a token")."""
     if s.greedy:
-        return logits.argmax(-1)
-    return draw(logits_to_probs(logits, s), generator)
+        if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad:
+            return logits.numpy().argmax(-1).tolist()
+        return logits.argmax(-1).tolist()
+    return draw(logits_to_probs(logits, s), generator).tolist()
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
