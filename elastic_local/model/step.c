@@ -1,16 +1,15 @@
-/* One batch-1 decode step of a Nemotron-H block on the CPU, one function per block kind, and `decode_step`,
+/* One batch-1 decode step of a Nemotron-H block on the CPU, one function per block kind, and `decode_token`,
  * which runs a whole token through them (model/step.py builds the arguments once per budget and calls it;
  * gemv.c, built into the same library, does the products); at the end, parts of a prefill: the Mamba2
  * convolution and scan (model/kernels.py calls them) and the routed experts (model/moe.py).
  *
  * Why: a decode step of a small model is a few thousand small torch ops whose dispatch costs more than
- * reading the weights (README, CPU decode kernels). Here a block is one call and one parallel region:
- * norm, projections, the mixer's recurrence, the residual add, with one scratch buffer.
+ * reading the weights (README, CPU decode kernels). Here a token is one call and one parallel region;
+ * a block is norm, projections, the mixer's recurrence and the residual add, run by every thread.
  *
  * Each function follows the torch code it stands for (mamba2.py, attention.py, moe.py, linear.py's
  * rms_norm) in float32; `h` is the residual stream [d], updated in place. Weights are budget views
- * described by `weight` (any format gemv.c reads); heads are rank-major (layout.py). Each returns 0, or
- * -1 where the scratch buffer could not be allocated.
+ * described by `weight` (any format gemv.c reads); heads are rank-major (layout.py).
  */
 #include <immintrin.h>
 #include <math.h>
