@@ -482,8 +482,13 @@ static int decode_step(const block *blocks, int64_t n, void *const *state, const
     const int64_t dx = (d + 15) / 16 * 16; /* each thread's normed input, a cache line apart */
     float *buf = malloc(sizeof(float) * (shared + (threads > 1 ? threads : 1) * dx));
     if (!buf) return -1;
+    const unsigned int csr = _mm_getcsr(); /* the caller's float mode (torch.set_flush_denormal sets its own
+                                              thread's only): every thread routes the MoE blocks itself, so
+                                              all of them compute in the same mode */
     #pragma omp parallel num_threads(threads)
     {
+        const unsigned int own_csr = _mm_getcsr();
+        _mm_setcsr(csr);
         float *x = buf + shared + thread_here() * dx;
         for (int64_t i = 0; i < n; i++) {
             float *a = state[2 * i], *b = state[2 * i + 1];
@@ -499,6 +504,7 @@ static int decode_step(const block *blocks, int64_t n, void *const *state, const
         rms_norm(h, norm, x, d, eps);
         product head = {lm_head, x, logits};
         products(&head, 1);
+        _mm_setcsr(own_csr);
     }
     free(buf);
     return 0;
