@@ -225,3 +225,21 @@ def test_two_caches_decoded_in_turn_each_follow_their_own_tokens(nested):
     for r in range(2):
         torch.testing.assert_close(torch.stack(turns[r]), alone[r], atol=0, rtol=0)
         assert caches[r].lengths == [len(prompts[r]) + 70]
+
+
+@pytest.mark.parametrize("threads", [2, 3], indirect=True)
+def test_mamba_groups_shared_among_threads_decode_like_the_torch_path(tmp_path, threads, monkeypatch):
+    """With at least as many groups as threads each thread runs whole groups, convolution to gated norm
+    (4 groups on 2 threads: two each; on 3: two, one, one). The `threads` fixture's 1 and 3 threads with
+    the other tests' 2 groups take the one-group-per-thread-count paths only."""
+    make_checkpoint(tmp_path, seed=8, **dict(ALIGNED, n_groups=4, ssm_state_size=12))
+    m = elastic_local.load(tmp_path)
+    prompt = torch.randint(0, 96, (5,), generator=torch.Generator().manual_seed(9))
+    with monkeypatch.context() as p:
+        p.setattr(step, "build", lambda net, b: None)
+        want_logits, want = greedy(m.net, m.net.resident, prompt, 20)
+    m.net.c_steps.clear()
+    got_logits, got = greedy(m.net, m.net.resident, prompt, 20)
+    assert isinstance(m.net.c_steps[m.net.resident], step.DecodeStep)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(got_logits, want_logits, atol=1e-4, rtol=1e-4)

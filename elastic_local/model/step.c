@@ -47,7 +47,7 @@ typedef struct {     /* y[n] = sum_k W[n, k] x[k], n < out, k < in */
     int64_t skip;       /* panels: columns of the first panel before the view's first output (gemv.c) */
 } weight;
 
-/* A token runs in one parallel region (decode_step, at the end): every thread runs every block, taking its
+/* A token runs in one parallel region (decode_token, at the end): every thread runs every block, taking its
  * share of each product. Threads meet at a barrier only where one reads what another wrote: after the
  * products whose outputs a block's next part reads whole, and at the end of each block, whose residual
  * the next block's norm reads whole. Each thread computes a block's norm (d floats) itself instead of
@@ -463,25 +463,43 @@ typedef struct {
     const void *args; /* its mamba / attention / moe / mlp */
 } block;
 
-/* One token through every block and the head (logits [V] = lm_head(norm_f(h))), in one call and one
-   parallel region: per block a call from Python costs more than a small block's work (about 6 us each,
-   measured with empty blocks), and waking the threads once per block about 1 us. h [d] holds the token's
-   embedding; state[2i], state[2i + 1] are block i's conv and SSM states or its K and V caches, capacity[i]
-   the latter's. Returns 0, or -1 where the scratch buffer could not be allocated. */
-static int decode_step(const block *blocks, int64_t n, void *const *state, const int64_t *capacity, int64_t pos,
-                       float *h, const float *norm, const weight *lm_head, int64_t d, float eps, float *logits,
-                       int threads) {
+/* What a budget's decode step reads that does not change from token to token (model/step.py's Step,
+   built once per budget): one pointer to pass, where a dozen arguments cost Python more than a small
+   budget's whole step saves. */
+typedef struct {
+    const block *blocks;
+    int64_t n;
+    void *const *state;      /* [2n]: block i's conv and SSM states or its K and V caches, set by step.py
+                                (Mamba states once per cache, K / V caches each token) */
+    const int64_t *capacity; /* [n]: the K / V caches' */
+    float *h;                /* [d]: the residual stream */
+    const float *embed;      /* [V, ld_embed] */
+    int64_t ld_embed;
+    const float *norm;       /* norm_f */
+    const weight *lm_head;
+    int64_t d;
+    float eps;
+} step;
+
+/* logits [V] of `token` at position `pos`: its embedding through every block and the head, in one call and
+   one parallel region (per block a call from Python costs more than a small block's work, about 6 us each
+   measured with empty blocks, and waking the threads once per block about 1 us). Returns 0, or -1 where
+   the scratch buffer could not be allocated. */
+int decode_token(const step *s, int64_t token, int64_t pos, float *logits, int threads) {
+    const int64_t n = s->n, d = s->d;
     int64_t shared = 0;
     for (int64_t i = 0; i < n; i++) {
-        const void *L = blocks[i].args;
-        const int64_t need = blocks[i].kind == 'M' ? mamba_scratch(L)
-                             : blocks[i].kind == '*' ? attention_scratch(L, pos)
-                             : blocks[i].kind == 'E' ? moe_scratch(L) : mlp_scratch(L);
+        const void *L = s->blocks[i].args;
+        const int64_t kind = s->blocks[i].kind;
+        const int64_t need = kind == 'M' ? mamba_scratch(L) : kind == '*' ? attention_scratch(L, pos)
+                             : kind == 'E' ? moe_scratch(L) : mlp_scratch(L);
         shared = need > shared ? need : shared;
     }
     const int64_t dx = (d + 15) / 16 * 16; /* each thread's normed input, a cache line apart */
     float *buf = malloc(sizeof(float) * (shared + (threads > 1 ? threads : 1) * dx));
     if (!buf) return -1;
+    float *h = s->h;
+    memcpy(h, s->embed + token * s->ld_embed, sizeof(float) * d);
     const unsigned int csr = _mm_getcsr(); /* the caller's float mode (torch.set_flush_denormal sets its own
                                               thread's only): every thread routes the MoE blocks itself, so
                                               all of them compute in the same mode */
@@ -491,47 +509,23 @@ static int decode_step(const block *blocks, int64_t n, void *const *state, const
         _mm_setcsr(csr);
         float *x = buf + shared + thread_here() * dx;
         for (int64_t i = 0; i < n; i++) {
-            float *a = state[2 * i], *b = state[2 * i + 1];
-            const void *L = blocks[i].args;
-            switch (blocks[i].kind) {
+            float *a = s->state[2 * i], *b = s->state[2 * i + 1];
+            const void *L = s->blocks[i].args;
+            switch (s->blocks[i].kind) {
             case 'M': mamba_block(L, h, a, b, buf, x); break;
-            case '*': attention_block(L, h, a, b, capacity[i], pos, buf, x); break;
+            case '*': attention_block(L, h, a, b, s->capacity[i], pos, buf, x); break;
             case 'E': moe_block(L, h, buf, x); break;
             default: mlp_block(L, h, buf, x);
             }
             BARRIER;
         }
-        rms_norm(h, norm, x, d, eps);
-        product head = {lm_head, x, logits};
+        rms_norm(h, s->norm, x, d, s->eps);
+        product head = {s->lm_head, x, logits};
         products(&head, 1);
         _mm_setcsr(own_csr);
     }
     free(buf);
     return 0;
-}
-
-/* What a budget's decode step reads that does not change from token to token (model/step.py's Step,
-   built once per budget): one pointer to pass, where a dozen arguments cost Python more than a small
-   budget's whole step saves. */
-typedef struct {
-    const block *blocks;
-    int64_t n;
-    void *const *state;      /* [2n], set by step.py: Mamba states once per cache, K / V caches each token */
-    const int64_t *capacity; /* [n] */
-    float *h;                /* [d] */
-    const float *embed;      /* [V, ld_embed] */
-    int64_t ld_embed;
-    const float *norm;
-    const weight *lm_head;
-    int64_t d;
-    float eps;
-} step;
-
-/* logits [V] of `token` at position `pos` (decode_step's return). */
-int decode_token(const step *s, int64_t token, int64_t pos, float *logits, int threads) {
-    memcpy(s->h, s->embed + token * s->ld_embed, sizeof(float) * s->d);
-    return decode_step(s->blocks, s->n, s->state, s->capacity, pos, s->h, s->norm, s->lm_head, s->d, s->eps,
-                       logits, threads);
 }
 
 /* ------------------------------------------------------------------------ Mamba2 over a prompt */
