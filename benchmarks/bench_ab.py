@@ -2,7 +2,7 @@
 alternated rep by rep on the same weights and cache.
 
     .venv/bin/python benchmarks/bench_ab.py --base HEAD~1 [--configs 30m,100m,gen] [--budgets full,small]
-                                            [--reps 12]
+                                            [--reps 12] [--position 128]
 
 Why: on a shared machine, runs minutes apart differ by more than a kernel change gains (bench_decode's
 decode spreads reached 40-80% here). Alternating two builds of model/gemv.c + step.c every 32 steps inside
@@ -71,11 +71,11 @@ def checkpoint(name: str) -> Path:
     return build_checkpoint(name)
 
 
-def compare(m, name: str, libs: dict[str, ctypes.CDLL], budget: str | None, reps: int, steps: int) -> dict:
+def compare(m, name: str, libs: dict[str, ctypes.CDLL], budget: str | None, reps: int, steps: int,
+            prompt: int) -> dict:
     from elastic_local.model import step
 
     b = m.budget(budget) if budget else m.net.resident
-    prompt = 128
     cache = m.net.new_cache(1, budget=b, capacity=prompt + steps + 1)
     times: dict[str, list[float]] = {side: [] for side in libs}
     with torch.inference_mode():
@@ -102,6 +102,8 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=12)
     p.add_argument("--steps", type=int, default=32, help="decode steps per rep and side")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--position", type=int, default=128,
+                   help="prompt tokens before the timed steps (attention reads this many positions)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     import elastic_local
@@ -116,11 +118,11 @@ def main() -> None:
                              "which the working tree's step.py passes): compare across it with bench_revs.py")
         libs = {"base": base, "tree": gemv.library()}
         print(f"C decode step, {args.base} (base) against the working tree, {args.threads} threads, "
-              f"median of {args.reps} reps of {args.steps} steps, alternated")
+              f"median of {args.reps} reps of {args.steps} steps after {args.position} tokens, alternated")
         for name in args.configs.split(","):
             m = elastic_local.load(str(checkpoint(name)), dtype=torch.float32)
             for budget in args.budgets.split(",") if args.budgets else [None]:
-                r = compare(m, name, libs, budget, args.reps, args.steps)
+                r = compare(m, name, libs, budget, args.reps, args.steps, args.position)
                 ms = r["ms"]
                 print(f"{name:6} {r['budget']:8} base {ms['base']:7.3f} ms  tree {ms['tree']:7.3f} ms  "
                       f"tree speed-up {r['speedup']:.3f}x")

@@ -177,13 +177,17 @@ static void rms_norm(const float *h, const float *w, float *out, int64_t d, floa
     for (int64_t i = 0; i < d; i++) out[i] = w[i] * (h[i] * r);
 }
 
+static inline float sum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
 static inline float dot(const float *a, const float *b, int64_t n) {
     __m256 acc = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    float t = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+    float t = sum8(acc);
     for (; i < n; i++) t += a[i] * b[i];
     return t;
 }
@@ -325,18 +329,127 @@ typedef struct {
     float eps;
 } attention;
 
-static int64_t attention_scratch(const attention *L, int64_t pos) {
+/* How many runs of positions each KV head's cache is cut into: (KV head, run) units, as many as a multiple
+   of the threads (lcm(KV, threads)), so that every thread reads the same share of the cache. */
+static int64_t attention_splits(const attention *L, int64_t threads) {
+    int64_t a = L->kv_heads, b = threads;
+    while (b) {
+        const int64_t t = a % b;
+        a = b, b = t;
+    }
+    return threads / a;
+}
+
+/* Not a float more for a longer context: the scores are never stored whole (`attend`). Room for up to
+   `threads` runs a head (attention_splits of any team size up to it). */
+static int64_t attention_scratch(const attention *L, int64_t threads) {
     const int64_t H = L->heads, hd = L->head_dim;
-    return 2 * H * hd + 2 * L->kv_heads * hd + H * (pos + 1) + L->d;
+    return 2 * H * hd + 2 * L->kv_heads * hd + H * (threads > 1 ? threads : 1) * (hd + 2) + L->d;
+}
+
+/* Eight scores q.k for key rows k[0..7] (hd % 8 == 0): one vector. Eight positions' products summed
+   across their lanes at once, where one position at a time paid a whole horizontal sum for each. */
+static inline __m256 dot8(const float *q, const float *const k[8], int64_t hd) {
+    __m256 a[8];
+    for (int t = 0; t < 8; t++) a[t] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < hd; c += 8) {
+        const __m256 qc = _mm256_loadu_ps(q + c);
+        for (int t = 0; t < 8; t++) a[t] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k[t] + c), a[t]);
+    }
+    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+static inline float max8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+#define ATT_BLOCK 64 /* positions a block: their key and value rows (16 KB each at head size 64) stay in L1 / L2
+                        between the heads (64 against 32: 1.03-1.14x, demo, 2048 positions) */
+
+/* One unit of a token's attention: the r query heads of KV head g (g, g + KV, ..; rank-major) over
+   positions [t0, t1), as running softmax sums (flash-decoding): per head, at part + i * stride, its largest
+   score m, l = sum e^(score - m) and acc [hd] = sum e^(score - m) v. A block of positions at a time, each
+   key and value row read from memory once for all r heads; per head a block's scores, then their
+   exponentials, then the weighted values, each a run of independent vector operations. Position pos, this
+   token's own, is read from kn / vn, where the products left it. */
+static void attend(const float *q, int64_t KV, int64_t g, int64_t r, int64_t hd, const float *K, const float *V,
+                   const float *kn, const float *vn, int64_t pos, int64_t t0, int64_t t1, float scale, float *part,
+                   int64_t stride) {
+    for (int64_t i = 0; i < r; i++) {
+        float *u = part + i * stride;
+        u[0] = -INFINITY, u[1] = 0.f;
+        memset(u + 2, 0, sizeof(float) * hd);
+    }
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 none = _mm256_set1_ps(-INFINITY);
+    for (int64_t b = t0; b < t1; b += ATT_BLOCK) {
+        const int64_t n = t1 - b < ATT_BLOCK ? t1 - b : ATT_BLOCK, n8 = (n + 7) / 8 * 8;
+        const float *k[ATT_BLOCK], *v[ATT_BLOCK]; /* rows past n: row b's, weighted 0 */
+        for (int64_t t = 0; t < n8; t++) {
+            const int64_t at = b + (t < n ? t : 0);
+            k[t] = at < pos ? K + at * hd : kn, v[t] = at < pos ? V + at * hd : vn;
+        }
+        for (int64_t i = 0; i < r; i++) {
+            const float *qi = q + (i * KV + g) * hd;
+            float *u = part + i * stride, *acc = u + 2, s[ATT_BLOCK], w[ATT_BLOCK];
+            __m256 most = none;
+            for (int64_t c = 0; c < n8; c += 8) {
+                __m256 sc;
+                if (hd % 8 == 0) {
+                    sc = dot8(qi, k + c, hd);
+                } else {
+                    for (int64_t t = 0; t < 8; t++) s[c + t] = dot(qi, k[c + t], hd);
+                    sc = _mm256_loadu_ps(s + c);
+                }
+                const __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - c)), lane));
+                sc = _mm256_blendv_ps(none, _mm256_mul_ps(sc, _mm256_set1_ps(scale)), valid);
+                _mm256_storeu_ps(s + c, sc);
+                most = _mm256_max_ps(most, sc);
+            }
+            const float top = max8(most);
+            if (top > u[0]) { /* a new largest score: rescale what is summed so far */
+                const float c = expf(u[0] - top);
+                u[1] *= c;
+                for (int64_t j = 0; j < hd; j++) acc[j] *= c;
+                u[0] = top;
+            }
+            __m256 l = _mm256_setzero_ps();
+            for (int64_t c = 0; c < n8; c += 8) { /* exp256 takes a padding lane's e^-inf to 1e-38: masked to 0 */
+                const __m256 sc = _mm256_loadu_ps(s + c), e = exp256(_mm256_sub_ps(sc, _mm256_set1_ps(u[0])));
+                const __m256 p = _mm256_and_ps(e, _mm256_cmp_ps(sc, none, _CMP_NEQ_OQ));
+                _mm256_storeu_ps(w + c, p);
+                l = _mm256_add_ps(l, p);
+            }
+            u[1] += sum8(l);
+            int64_t j = 0;
+            for (; j + 8 <= hd; j += 8) { /* two sums a column, even and odd positions: half the chain */
+                __m256 a0 = _mm256_loadu_ps(acc + j), a1 = _mm256_setzero_ps();
+                for (int64_t t = 0; t < n8; t += 2) {
+                    a0 = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), _mm256_loadu_ps(v[t] + j), a0);
+                    a1 = _mm256_fmadd_ps(_mm256_set1_ps(w[t + 1]), _mm256_loadu_ps(v[t + 1] + j), a1);
+                }
+                _mm256_storeu_ps(acc + j, _mm256_add_ps(a0, a1));
+            }
+            for (; j < hd; j++)
+                for (int64_t t = 0; t < n8; t++) acc[j] += w[t] * v[t][j];
+        }
+    }
 }
 
 /* kc, vc [KV, capacity, hd]: positions < pos are cached; this token's key and value go to pos. Its own
    position's key and value are read from where the products left them, so the cache is written while
-   other threads read it (positions before pos only). */
+   other threads read it (positions before pos only). The cache is read in (KV head, run of positions)
+   units (attention_splits); with more than one run per head, a second pass merges each head's runs. */
 static void attention_block(const attention *L, float *h, float *kc, float *vc, int64_t capacity, int64_t pos,
                             float *sh, float *x) {
-    const int64_t d = L->d, H = L->heads, KV = L->kv_heads, hd = L->head_dim, T = pos + 1;
-    float *q = sh, *kn = q + H * hd, *vn = kn + KV * hd, *att = vn + KV * hd, *p = att + H * hd, *out = p + H * T;
+    const int64_t d = L->d, H = L->heads, KV = L->kv_heads, hd = L->head_dim, T = pos + 1, r = H / KV;
+    const int64_t S = attention_splits(L, threads_here()), run = ((T + S - 1) / S + 7) / 8 * 8;
+    float *q = sh, *kn = q + H * hd, *vn = kn + KV * hd, *att = vn + KV * hd, *part = att + H * hd;
+    float *out = part + H * S * (hd + 2); /* part [H, S, hd + 2]: head j's run s at (j * S + s) * (hd + 2) */
     const float scale = 1.f / sqrtf((float)hd);
     rms_norm(h, L->norm, x, d, L->eps);
     product qkv[3] = {{&L->q, x, q}, {&L->k, x, kn}, {&L->v, x, vn}};
@@ -349,19 +462,32 @@ static void attention_block(const attention *L, float *h, float *kc, float *vc, 
         vc[((c / hd) * capacity + pos) * hd + c % hd] = vn[c];
     }
     #pragma omp for schedule(static)
-    for (int64_t j = 0; j < H; j++) { /* query head j reads KV head j % KV (rank-major) */
-        const int64_t g = j % KV;
-        const float *qj = q + j * hd, *Kj = kc + g * capacity * hd, *Vj = vc + g * capacity * hd;
-        float *pj = p + j * T, *oj = att + j * hd, top = -INFINITY, sum = 0.f;
-        for (int64_t t = 0; t < T; t++) {
-            pj[t] = dot(qj, t < pos ? Kj + t * hd : kn + g * hd, hd) * scale;
-            top = fmaxf(top, pj[t]);
+    for (int64_t unit = 0; unit < KV * S; unit++) {
+        const int64_t g = unit / S, s = unit % S, t0 = s * run < T ? s * run : T, t1 = t0 + run < T ? t0 + run : T;
+        float *mine = part + (g * S + s) * (hd + 2);
+        const int64_t stride = KV * S * (hd + 2); /* from query head g's slot to g + KV's */
+        attend(q, KV, g, r, hd, kc + g * capacity * hd, vc + g * capacity * hd, kn + g * hd, vn + g * hd, pos, t0,
+               t1, scale, mine, stride);
+        for (int64_t i = 0; i < r && S == 1; i++) { /* the head's one run: its output */
+            const float *u = mine + i * stride;
+            for (int64_t j = 0; j < hd; j++) att[(i * KV + g) * hd + j] = u[2 + j] / u[1];
         }
-        for (int64_t t = 0; t < T; t++) sum += (pj[t] = expf(pj[t] - top));
-        for (int64_t i = 0; i < hd; i++) oj[i] = 0.f;
-        for (int64_t t = 0; t < T; t++) {
-            const float w = pj[t] / sum, *vt = t < pos ? Vj + t * hd : vn + g * hd;
-            for (int64_t i = 0; i < hd; i++) oj[i] += w * vt[i];
+    }
+    if (S > 1) {
+        #pragma omp for schedule(static)
+        for (int64_t j = 0; j < H; j++) { /* its S runs rescaled to the largest score of them all (a run past
+                                              the last position has m = -inf, l = 0: it adds nothing) */
+            const float *u = part + j * S * (hd + 2);
+            float top = -INFINITY, l = 0.f, *o = att + j * hd;
+            for (int64_t s = 0; s < S; s++) top = fmaxf(top, u[s * (hd + 2)]);
+            for (int64_t i = 0; i < hd; i++) o[i] = 0.f;
+            for (int64_t s = 0; s < S; s++) {
+                const float *us = u + s * (hd + 2);
+                const float c = expf(us[0] - top);
+                l += us[1] * c;
+                for (int64_t i = 0; i < hd; i++) o[i] += us[2 + i] * c;
+            }
+            for (int64_t i = 0; i < hd; i++) o[i] /= l;
         }
     }
     product o = {&L->o, att, out};
@@ -491,7 +617,7 @@ int decode_token(const step *s, int64_t token, int64_t pos, float *logits, int t
     for (int64_t i = 0; i < n; i++) {
         const void *L = s->blocks[i].args;
         const int64_t kind = s->blocks[i].kind;
-        const int64_t need = kind == 'M' ? mamba_scratch(L) : kind == '*' ? attention_scratch(L, pos)
+        const int64_t need = kind == 'M' ? mamba_scratch(L) : kind == '*' ? attention_scratch(L, threads)
                              : kind == 'E' ? moe_scratch(L) : mlp_scratch(L);
         shared = need > shared ? need : shared;
     }

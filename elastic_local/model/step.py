@@ -237,8 +237,8 @@ class DecodeStep:
             state[2 * j], state[2 * j + 1], self.capacity[j] = s.k.data_ptr(), s.v.data_ptr(), s.k.shape[2]
         logits = torch.empty(1, self.lm_head.out)
         if self.lib.decode_token(self._args, token, pos, logits.data_ptr(), torch.get_num_threads()):
-            raise MemoryError(f"out of memory for the decode step's scratch buffer at position {pos} (it grows "
-                              "with the attention scores of every position): free memory or shorten the context")
+            raise MemoryError(f"out of memory for the decode step's scratch buffer at position {pos} (a block's "
+                              "activations, a few hundred KiB): free memory or load a smaller budget")
         cache.lengths = [pos + 1]
         return logits
 
