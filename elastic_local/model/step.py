@@ -238,7 +238,7 @@ class DecodeStep:
         logits = torch.empty(1, self.lm_head.out)
         if self.lib.decode_token(self._args, token, pos, logits.data_ptr(), torch.get_num_threads()):
             raise MemoryError(f"out of memory for the decode step's scratch buffer at position {pos} (a block's "
-                              "activations, a few hundred KiB): free memory or load a smaller budget")
+                              "activations, a few hundred KiB): free memory and retry")
         cache.lengths = [pos + 1]
         return logits
 
