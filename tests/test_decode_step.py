@@ -233,31 +233,43 @@ def test_mamba_groups_shared_among_threads_decode_like_the_torch_path(tmp_path, 
     (4 groups on 2 threads: two each; on 3: two, one, one). The `threads` fixture's 1 and 3 threads with
     the other tests' 2 groups take the one-group-per-thread-count paths only."""
     make_checkpoint(tmp_path, seed=8, **dict(ALIGNED, n_groups=4, ssm_state_size=12))
+    m = elastic_local.load(tmp_path)
     prompt = torch.randint(0, 96, (5,), generator=torch.Generator().manual_seed(9))
-    assert_c_steps_follow_the_torch_path(elastic_local.load(tmp_path), prompt, 20, monkeypatch)
-
-
-def assert_c_steps_follow_the_torch_path(m, prompt: torch.Tensor, steps: int, monkeypatch) -> None:
-    """`steps` greedy C steps of the resident budget give the torch path's tokens and logits."""
     with monkeypatch.context() as p:
         p.setattr(step, "build", lambda net, b: None)
-        want_logits, want = greedy(m.net, m.net.resident, prompt, steps)
+        want_logits, want = greedy(m.net, m.net.resident, prompt, 20)
     m.net.c_steps.clear()
-    got_logits, got = greedy(m.net, m.net.resident, prompt, steps)
+    got_logits, got = greedy(m.net, m.net.resident, prompt, 20)
     assert isinstance(m.net.c_steps[m.net.resident], step.DecodeStep)
     assert torch.equal(got, want)
     torch.testing.assert_close(got_logits, want_logits, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 1, 16), (6, 3, 16), (6, 2, 12)])
-def test_attention_read_in_runs_of_positions_decodes_like_the_torch_path(tmp_path, threads, heads, kv_heads,
-                                                                         head_dim, monkeypatch):
-    """A token's attention reads each KV head's cache in lcm(KV heads, threads) / KV runs of positions,
-    blocks of 64 positions at a time, and merges the runs: one run (1 thread; 3 KV heads on 3), two (1 KV
-    head or 3 on 2 threads), three (1 or 2 KV heads on 3). 90 positions: two blocks in one run, partial
-    blocks and lanes, runs with nothing to read at the first tokens, a head size with a scalar tail (12)."""
+def test_attention_read_in_runs_of_positions_decodes_like_the_torch_path_on_any_thread_count(
+        tmp_path, heads, kv_heads, head_dim, monkeypatch):
+    """A token's attention reads each KV head's cache in runs of positions (one per 256, step.c's
+    ATT_RUN), 64 positions a block, and merges the runs. 600 positions: one run, two, three; (KV head, run)
+    units fewer than, as many as and more than the threads; partial blocks and lanes; a head size with a
+    scalar tail (12). On 1, 2 and 3 threads the logits are the same to the bit (the runs do not depend on
+    the thread count), and the torch path's to 1e-4."""
     make_checkpoint(tmp_path, seed=10, **dict(ALIGNED, num_attention_heads=heads, num_key_value_heads=kv_heads,
                                               head_dim=head_dim, hybrid_override_pattern="*M*-"))
+    m = elastic_local.load(tmp_path)
     prompt = torch.randint(0, 96, (1,), generator=torch.Generator().manual_seed(11))
-    assert_c_steps_follow_the_torch_path(elastic_local.load(tmp_path), prompt, 90, monkeypatch)
+    with monkeypatch.context() as p:
+        p.setattr(step, "build", lambda net, b: None)
+        want_logits, want = greedy(m.net, m.net.resident, prompt, 600)
+    got = {}
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            m.net.c_steps.clear()
+            got[threads] = greedy(m.net, m.net.resident, prompt, 600)
+            assert isinstance(m.net.c_steps[m.net.resident], step.DecodeStep)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(got[1][1], want)
+    torch.testing.assert_close(got[1][0], want_logits, atol=1e-4, rtol=1e-4)
+    assert torch.equal(got[1][0], got[2][0]) and torch.equal(got[1][0], got[3][0])

@@ -329,22 +329,22 @@ typedef struct {
     float eps;
 } attention;
 
-/* How many runs of positions each KV head's cache is cut into: (KV head, run) units, as many as a multiple
-   of the threads (lcm(KV, threads)), so that every thread reads the same share of the cache. */
-static int64_t attention_splits(const attention *L, int64_t threads) {
-    int64_t a = L->kv_heads, b = threads;
-    while (b) {
-        const int64_t t = a % b;
-        a = b, b = t;
-    }
-    return threads / a;
+/* How many runs of positions each KV head's cache is read in, (KV head, run) units shared among the
+   threads: one per ATT_RUN positions, at most ATT_RUNS. A function of the positions alone, not of the
+   thread count, so a token's attention sums in the same order on any number of threads (as the products
+   do); 32 runs of two KV heads keep 16 threads busy. */
+#define ATT_RUN 256
+#define ATT_RUNS 32
+static int64_t attention_runs(int64_t T) {
+    const int64_t runs = (T + ATT_RUN - 1) / ATT_RUN;
+    return runs < ATT_RUNS ? runs : ATT_RUNS;
 }
 
-/* Not a float more for a longer context: the scores are never stored whole (`attend`). Room for up to
-   `threads` runs a head (attention_splits of any team size up to it). */
-static int64_t attention_scratch(const attention *L, int64_t threads) {
+/* Not a float more for a longer context: the scores are never stored whole (`attend`), and a head's runs
+   are at most ATT_RUNS. */
+static int64_t attention_scratch(const attention *L) {
     const int64_t H = L->heads, hd = L->head_dim;
-    return 2 * H * hd + 2 * L->kv_heads * hd + H * (threads > 1 ? threads : 1) * (hd + 2) + L->d;
+    return 2 * H * hd + 2 * L->kv_heads * hd + H * ATT_RUNS * (hd + 2) + L->d;
 }
 
 /* Eight scores q.k for key rows k[0..7] (hd % 8 == 0): one vector. Eight positions' products summed
@@ -443,11 +443,11 @@ static void attend(const float *q, int64_t KV, int64_t g, int64_t r, int64_t hd,
 /* kc, vc [KV, capacity, hd]: positions < pos are cached; this token's key and value go to pos. Its own
    position's key and value are read from where the products left them, so the cache is written while
    other threads read it (positions before pos only). The cache is read in (KV head, run of positions)
-   units (attention_splits); with more than one run per head, a second pass merges each head's runs. */
+   units (attention_runs); with more than one run per head, a second pass merges each head's runs. */
 static void attention_block(const attention *L, float *h, float *kc, float *vc, int64_t capacity, int64_t pos,
                             float *sh, float *x) {
     const int64_t d = L->d, H = L->heads, KV = L->kv_heads, hd = L->head_dim, T = pos + 1, r = H / KV;
-    const int64_t S = attention_splits(L, threads_here()), run = ((T + S - 1) / S + 7) / 8 * 8;
+    const int64_t S = attention_runs(T), run = ((T + S - 1) / S + 7) / 8 * 8;
     float *q = sh, *kn = q + H * hd, *vn = kn + KV * hd, *att = vn + KV * hd, *part = att + H * hd;
     float *out = part + H * S * (hd + 2); /* part [H, S, hd + 2]: head j's run s at (j * S + s) * (hd + 2) */
     const float scale = 1.f / sqrtf((float)hd);
@@ -617,7 +617,7 @@ int decode_token(const step *s, int64_t token, int64_t pos, float *logits, int t
     for (int64_t i = 0; i < n; i++) {
         const void *L = s->blocks[i].args;
         const int64_t kind = s->blocks[i].kind;
-        const int64_t need = kind == 'M' ? mamba_scratch(L) : kind == '*' ? attention_scratch(L, threads)
+        const int64_t need = kind == 'M' ? mamba_scratch(L) : kind == '*' ? attention_scratch(L)
                              : kind == 'E' ? moe_scratch(L) : mlp_scratch(L);
         shared = need > shared ? need : shared;
     }
