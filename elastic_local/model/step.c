@@ -134,8 +134,6 @@ static void products(product *p, int count) {
     for (int i = 0; i < count; i++) run(&p[i]);
 }
 
-static inline float silu(float v) { return v / (1.f + expf(-v)); }
-
 /* e^v for 8 floats: Cephes' expf (2^n times a degree-6 polynomial on [-ln2/2, ln2/2]), within 2 ulp of
    libm's over the range where silu's result is not 0 or v. */
 static inline __m256 exp256(__m256 v) {
@@ -158,14 +156,16 @@ static inline __m256 silu256(__m256 v) { /* v / (1 + e^-v) */
     return _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.f), exp256(_mm256_sub_ps(_mm256_setzero_ps(), v))));
 }
 
-/* y[i] *= silu(z[i]), or (z NULL) y[i] = silu(y[i]), for i < n */
+/* y[i] *= silu(z[i]), or (z NULL) y[i] = silu(y[i]), for i < n: the last n % 8 in masked lanes, so that
+   every value takes the same silu256 whatever range it falls in (threads split the convolution's channels
+   by other ranges than the groups do). */
 static void silu_into(float *y, const float *z, int64_t n) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 a = silu256(_mm256_loadu_ps(z ? z + i : y + i));
-        _mm256_storeu_ps(y + i, z ? _mm256_mul_ps(_mm256_loadu_ps(y + i), a) : a);
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256i in = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i < 8 ? n - i : 8)),
+                                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256 a = silu256(_mm256_maskload_ps(z ? z + i : y + i, in));
+        _mm256_maskstore_ps(y + i, in, z ? _mm256_mul_ps(_mm256_maskload_ps(y + i, in), a) : a);
     }
-    for (; i < n; i++) y[i] = z ? y[i] * silu(z[i]) : silu(y[i]);
 }
 
 static inline float softplus(float v) { return v > 20.f ? v : log1pf(expf(v)); } /* torch's threshold */
