@@ -121,13 +121,14 @@ def test_live_switch_in_the_middle_of_thinking(m):
 
 
 def test_switch_from_another_thread_while_streaming(m, monkeypatch):
-    forward = m.net.forward
+    def like_a_real_model(step):  # the tiny model's steps take microseconds (C decode step)
+        def slow(*args, **kwargs):
+            time.sleep(0.005)
+            return step(*args, **kwargs)
+        return slow
 
-    def step_of_a_real_model(*args, **kwargs):  # the tiny model's steps take microseconds (C decode step)
-        time.sleep(0.005)
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(m.net, "forward", step_of_a_real_model)
+    monkeypatch.setattr(m.net, "forward", like_a_real_model(m.net.forward))
+    monkeypatch.setattr(m.net, "decode_token", like_a_real_model(m.net.decode_token))
     prompt = m.chat_prompt("stream")
     s = m.stream(prompt, think_budget="full", answer_budget="full", max_think_tokens=30, max_answer_tokens=4,
                  ignore_eos=True, think_close=CLOSE)

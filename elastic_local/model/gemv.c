@@ -733,3 +733,12 @@ int gemv_nvfp4(const float *x, const uint8_t *w, const uint8_t *scales, float *y
     free(xp);
     return 0;
 }
+
+/* Gives the calling thread's OpenMP workers back (model/gemv.py, release_threads). */
+int release_threads(void) {
+#ifdef _OPENMP
+    return omp_pause_resource_all(omp_pause_soft);
+#else
+    return 0;
+#endif
+}

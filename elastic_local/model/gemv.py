@@ -62,6 +62,7 @@ _SIGNATURES = {
     "conv_prefill": [_P, _I, _I, _P, _P, _P, _P, _I, _I, _I, _I, _C],
     "ssm_scan": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _C],
     "experts_prefill": [_P, _I, _I, _P, _P, _I, _I, _P, _P, _I, _P, _C],
+    "release_threads": [],
 }
 
 
@@ -176,6 +177,19 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = ctypes.c_int  # 0; -1: a scratch buffer could not be allocated
     return lib
+
+
+def release_threads() -> None:
+    """Give the calling thread's OpenMP worker threads back, before generation moves to another thread (a
+    Stream's). libgomp (torch's and these kernels') keeps a team of workers for every thread that has
+    started a parallel region; once the teams' threads outnumber the cores it stops spinning at barriers
+    and sleeps in the kernel instead, and a decode step's 23 barriers a token then cost 5x: on 2 cores the
+    demo model decoded at 1700 tok/s on a Stream's thread after the main thread had run a step, 7400 once
+    the main thread gave its workers back (README, "A stream on its own thread"). The calling thread's next
+    parallel region starts a new team (tens of microseconds). Only where the kernels are loaded: they
+    are what a decode step runs."""
+    if _library:
+        _library.release_threads()
 
 
 def serves(device: torch.device, rows: int, max_rows: int = MAX_ROWS) -> bool:

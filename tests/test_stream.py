@@ -1,0 +1,86 @@
+"""A Stream's hand-over of events between threads, and the OpenMP workers a thread gives back before
+generation moves off it (engine/stream.py, model/gemv.py's release_threads)."""
+
+import os
+import threading
+import time
+
+import pytest
+import torch
+from test_cpu_gemv import X86
+
+import elastic_local
+from elastic_local.engine import stream
+from elastic_local.engine.events import Done, Token
+from elastic_local.engine.stream import Handover
+from elastic_local.model import gemv
+
+
+def token(i: int) -> Token:
+    return Token(0, i, str(i), "answer", "full", False, 0.0)
+
+
+def test_the_consumer_is_woken_for_the_first_token_after_a_pause_and_for_every_other_event(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(stream.time, "monotonic", lambda: clock[0])
+    h = Handover()
+    woken = []
+    h._ready.notify = lambda n=1, _notify=h._ready.notify: woken.append(clock[0]) or _notify(n)
+    for i in range(5):  # 5 tokens in 4 ms: one wake-up
+        h.put(token(i))
+        clock[0] += 0.001
+    clock[0] += 0.02
+    h.put(token(5))  # the first after `every`: woken
+    h.put(token(6))
+    h.put(Done([], clock[0]))  # not a token: woken at once
+    assert woken == pytest.approx([100.0, 100.025, 100.025])
+    assert [getattr(ev, "id", None) for ev in h.take()] == [0, 1, 2, 3, 4, 5, 6, None]
+
+
+def test_a_token_that_woke_no_one_still_arrives():
+    """The consumer looks every `every` seconds: a token put right after one that woke it is not left
+    waiting for a later event."""
+    h = Handover()
+    got = []
+
+    def consume():
+        while len(got) < 2:
+            got.extend(h.take())
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    time.sleep(0.05)  # the consumer waits
+    h.put(token(0))
+    h.put(token(1))  # within `every` of the first: no wake-up
+    consumer.join(timeout=5)
+    assert not consumer.is_alive() and [ev.id for ev in got] == [0, 1]
+
+
+@pytest.mark.skipif(not (X86 and os.path.isdir("/proc/self/task")), reason="Linux, the C kernels")
+def test_a_thread_gives_its_openmp_workers_back_before_a_stream_and_after_a_load():
+    """libgomp keeps a team of workers for every thread that has run a parallel region and, once they
+    outnumber the cores, stops spinning at barriers (a decode step's 23 barriers then cost 5x). The
+    workers are OS threads: they leave when the thread that led them gives them back."""
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    def settles(expected, timeout: float = 5.0) -> bool:
+        end = time.monotonic() + timeout
+        while threads() != expected and time.monotonic() < end:
+            time.sleep(0.01)
+        return threads() == expected
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        m = elastic_local.load()
+        alone = threads()  # after the load: its workers are gone
+        m.generate(m.chat_prompt("What is 2 + 2?"), max_think_tokens=4, max_answer_tokens=4)
+        assert settles(alone + 2)  # the decode steps' team: this thread and 2 workers
+        s = m.stream(m.chat_prompt("What is 2 + 2?"), max_think_tokens=4, max_answer_tokens=4)
+        s.results()
+        s._thread.join()
+        assert settles(alone)  # given back when the stream started; the stream's own left with its thread
+    finally:
+        torch.set_num_threads(before)
+    assert gemv.library() is not None
