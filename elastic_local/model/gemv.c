@@ -734,7 +734,8 @@ int gemv_nvfp4(const float *x, const uint8_t *w, const uint8_t *scales, float *y
     return 0;
 }
 
-/* Gives the calling thread's OpenMP workers back (model/gemv.py, release_threads). */
+/* Gives the calling thread's OpenMP workers back (model/gemv.py, release_threads): OpenMP 5.0's call, in
+   libgomp from gcc 9 on. */
 int release_threads(void) {
 #ifdef _OPENMP
     return omp_pause_resource_all(omp_pause_soft);
