@@ -84,3 +84,19 @@ def test_a_thread_gives_its_openmp_workers_back_before_a_stream_and_after_a_load
     finally:
         torch.set_num_threads(before)
     assert gemv.library() is not None
+
+
+def test_a_consumer_that_stops_early_still_gets_the_rest_and_the_results():
+    """Events come in batches; the ones a consumer has not iterated yet stay on the stream."""
+    m = elastic_local.load()
+    prompt = m.chat_prompt("What is 2 + 2?")
+    s = m.stream(prompt, max_think_tokens=20, max_answer_tokens=20, ignore_eos=True)
+    time.sleep(0.5)  # the generation ends: its events wait in one batch
+    first = next(iter(s))
+    rest = []
+    reader = threading.Thread(target=lambda: rest.extend(s), daemon=True)
+    reader.start()
+    reader.join(timeout=10)
+    assert not reader.is_alive(), "the stream lost the events after the first"
+    tokens = [ev.id for ev in [first, *rest] if isinstance(ev, Token)]
+    assert isinstance(rest[-1], Done) and tokens == s.result.ids[len(prompt):]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -83,7 +84,7 @@ class Stream:
 
     def __init__(self, generation: Generation, on_done=None):
         self.generation = generation
-        self._handover = Handover()
+        self._handover, self._taken = Handover(), deque()
         self._results: list[Result] | None = None
         self._drained = False
         self._thread = threading.Thread(target=_produce, args=(generation, self._handover, on_done),
@@ -93,16 +94,18 @@ class Stream:
 
     def __iter__(self) -> Iterator[Event]:
         while not self._drained:
-            for ev in self._handover.take():  # _END comes last
-                if ev is _END:
-                    self._drained = True
-                elif isinstance(ev, _Failure):
-                    self._drained = True
-                    raise ev.error
-                else:
-                    if isinstance(ev, Done):
-                        self._results = ev.results
-                    yield ev
+            if not self._taken:  # kept on the stream: a consumer that stops mid-batch loses none of it
+                self._taken.extend(self._handover.take())
+            ev = self._taken.popleft()
+            if ev is _END:
+                self._drained = True
+            elif isinstance(ev, _Failure):
+                self._drained = True
+                raise ev.error
+            else:
+                if isinstance(ev, Done):
+                    self._results = ev.results
+                yield ev
 
     def switch(self, think: str | None = None, answer: str | None = None) -> None:
         self.generation.switch(think=think, answer=answer)
