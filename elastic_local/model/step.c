@@ -475,8 +475,7 @@ static void attention_block(const attention *L, float *h, float *kc, float *vc, 
     }
     if (S > 1) {
         #pragma omp for schedule(static)
-        for (int64_t j = 0; j < H; j++) { /* its S runs rescaled to the largest score of them all (a run past
-                                              the last position has m = -inf, l = 0: it adds nothing) */
+        for (int64_t j = 0; j < H; j++) { /* its S runs rescaled to the largest score of them all */
             const float *u = part + j * S * (hd + 2);
             float top = -INFINITY, l = 0.f, *o = att + j * hd;
             for (int64_t s = 0; s < S; s++) top = fmaxf(top, u[s * (hd + 2)]);
