@@ -12,6 +12,8 @@
  * described by `weight` (any format gemv.c reads); heads are rank-major (layout.py).
  */
 #include <immintrin.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -52,12 +54,51 @@ typedef struct {     /* y[n] = sum_k W[n, k] x[k], n < out, k < in */
  * products whose outputs a block's next part reads whole, and at the end of each block, whose residual
  * the next block's norm reads whole. Each thread computes a block's norm (d floats) itself instead of
  * waiting for one thread to. (One region per block, a barrier after each norm and a split-K round for
- * each narrow product cost small budgets most: README, "One parallel region a token".) */
-#define BARRIER _Pragma("omp barrier")
+ * each narrow product cost small budgets most: README, "One parallel region a token".)
+ *
+ * The barrier is this file's own (`meet`): OpenMP's costs 0.26 us here even on one thread (libgomp wakes
+ * sleepers through a system call each time), against 0.04 us for two threads counting on a shared line,
+ * and a token passes about 25. It also keeps spinning where libgomp would sleep: libgomp cuts its spin
+ * to 100 turns once the threads it has ever led outnumber the cores, which made each barrier a kernel
+ * sleep and wake-up (README, "A stream on its own thread"). It yields the core instead of spinning where
+ * the region has more threads than the process has cores, or after a long wait (a thread descheduled). */
+typedef struct { /* one decode_token call's: rounds arrived at and passed, counted from 0 */
+    _Alignas(64) atomic_llong arrived;
+    _Alignas(64) atomic_llong passed;
+} meeting;
+
+typedef struct { /* one thread's view of its meeting */
+    meeting *all;
+    int64_t round, threads;
+    int64_t patience; /* pause turns before a waiting thread yields its core */
+} member;
+
+/* Wait until every thread of the region has arrived here: what each wrote before is then visible to all
+   (the arrivals' acquire-release additions, the last one's release of `passed`). */
+static void meet(member *me) {
+    meeting *m = me->all;
+    const int64_t round = ++me->round;
+    if (me->threads == 1) return;
+    if (atomic_fetch_add_explicit(&m->arrived, 1, memory_order_acq_rel) + 1 == round * me->threads) {
+        atomic_store_explicit(&m->passed, round, memory_order_release);
+        return;
+    }
+    for (int64_t turns = 0; atomic_load_explicit(&m->passed, memory_order_acquire) < round;)
+        if (++turns < me->patience) _mm_pause();
+        else sched_yield();
+}
 
 static inline int64_t threads_here(void) {
 #ifdef _OPENMP
     return omp_get_num_threads();
+#else
+    return 1;
+#endif
+}
+
+static inline int64_t omp_procs(void) { /* the cores this process may run on */
+#ifdef _OPENMP
+    return omp_get_num_procs();
 #else
     return 1;
 #endif
@@ -276,7 +317,7 @@ static int64_t mamba_scratch(const mamba *L) {
 /* conv [k*p + 2*G*N, K]: the last K inputs of the convolution; ssm [G, r, p, N] group-major. With at least
    as many groups as threads, a group's heads need only its own channels (its heads' x, its B and C), so
    each thread takes whole groups from the convolution to the gated norm with no barrier between. */
-static void mamba_block(const mamba *L, float *h, float *conv, float *ssm, float *sh, float *x) {
+static void mamba_block(const mamba *L, float *h, float *conv, float *ssm, float *sh, float *x, member *me) {
     const int64_t d = L->d, k = L->heads, G = L->groups, p = L->head_dim, N = L->state;
     const int64_t r = k / G, kp = k * p, gn = G * N, C = kp + 2 * gn;
     float *z = sh, *xbc = z + kp, *dt = xbc + C, *y = dt + k, *out = y + kp;
@@ -288,9 +329,9 @@ static void mamba_block(const mamba *L, float *h, float *conv, float *ssm, float
         product ps[4] = {{&L->z, x, z}, {&L->x, x, xbc}, {&L->bc, x, xbc + kp}, {&L->dt, x, dt}};
         products(ps, 4);
     }
-    BARRIER;
+    meet(me);
     if (G >= threads_here()) {
-        #pragma omp for schedule(static)
+        #pragma omp for schedule(static) nowait
         for (int64_t g = 0; g < G; g++) {
             for (int64_t q = 0; q < r; q++) conv_channels(L, conv, xbc, (q * G + g) * p, (q * G + g + 1) * p);
             conv_channels(L, conv, xbc, kp + g * N, kp + (g + 1) * N);
@@ -306,15 +347,17 @@ static void mamba_block(const mamba *L, float *h, float *conv, float *ssm, float
         int64_t c0, c1;
         share(C, &c0, &c1);
         conv_channels(L, conv, xbc, c0, c1);
-        BARRIER;
-        #pragma omp for schedule(static)
+        meet(me);
+        #pragma omp for schedule(static) nowait
         for (int64_t j = 0; j < k; j++) {
             ssm_head(L, j, xbc, xbc + kp, xbc + kp + gn, dt[j], ssm, y);
             silu_into(y + j * p, z + j * p, p);
         }
-        #pragma omp for schedule(static)
+        meet(me);
+        #pragma omp for schedule(static) nowait
         for (int64_t g = 0; g < G; g++) group_norm(L, y, g);
     }
+    meet(me);
     product o = {&L->out, y, out};
     products(&o, 1);
     for (int64_t i = o.n0; i < o.n1; i++) h[i] += out[i];
@@ -445,7 +488,7 @@ static void attend(const float *q, int64_t KV, int64_t g, int64_t r, int64_t hd,
    other threads read it (positions before pos only). The cache is read in (KV head, run of positions)
    units (attention_runs); with more than one run per head, a second pass merges each head's runs. */
 static void attention_block(const attention *L, float *h, float *kc, float *vc, int64_t capacity, int64_t pos,
-                            float *sh, float *x) {
+                            float *sh, float *x, member *me) {
     const int64_t d = L->d, H = L->heads, KV = L->kv_heads, hd = L->head_dim, T = pos + 1, r = H / KV;
     const int64_t S = attention_runs(T), run = ((T + S - 1) / S + 7) / 8 * 8;
     float *q = sh, *kn = q + H * hd, *vn = kn + KV * hd, *att = vn + KV * hd, *part = att + H * hd;
@@ -454,14 +497,14 @@ static void attention_block(const attention *L, float *h, float *kc, float *vc, 
     rms_norm(h, L->norm, x, d, L->eps);
     product qkv[3] = {{&L->q, x, q}, {&L->k, x, kn}, {&L->v, x, vn}};
     products(qkv, 3);
-    BARRIER;
+    meet(me);
     int64_t c0, c1;
     share(KV * hd, &c0, &c1);
     for (int64_t c = c0; c < c1; c++) {
         kc[((c / hd) * capacity + pos) * hd + c % hd] = kn[c];
         vc[((c / hd) * capacity + pos) * hd + c % hd] = vn[c];
     }
-    #pragma omp for schedule(static)
+    #pragma omp for schedule(static) nowait
     for (int64_t unit = 0; unit < KV * S; unit++) {
         const int64_t g = unit / S, s = unit % S, t0 = s * run < T ? s * run : T, t1 = t0 + run < T ? t0 + run : T;
         float *mine = part + (g * S + s) * (hd + 2);
@@ -473,8 +516,9 @@ static void attention_block(const attention *L, float *h, float *kc, float *vc, 
             for (int64_t j = 0; j < hd; j++) att[(i * KV + g) * hd + j] = u[2 + j] / u[1];
         }
     }
+    meet(me);
     if (S > 1) {
-        #pragma omp for schedule(static)
+        #pragma omp for schedule(static) nowait
         for (int64_t j = 0; j < H; j++) { /* its S runs rescaled to the largest score of them all */
             const float *u = part + j * S * (hd + 2);
             float top = -INFINITY, l = 0.f, *o = att + j * hd;
@@ -488,6 +532,7 @@ static void attention_block(const attention *L, float *h, float *kc, float *vc, 
             }
             for (int64_t i = 0; i < hd; i++) o[i] /= l;
         }
+        meet(me);
     }
     product o = {&L->o, att, out};
     products(&o, 1);
@@ -534,7 +579,7 @@ static int64_t moe_scratch(const moe *L) { return (L->top_k + 1) * (L->hidden + 
 /* The k routed experts and the shared one (the last of k + 1 hidden / out rows), their outputs summed in
    the torch path's order: experts best first, then the shared expert. Every thread routes for itself (the
    same numbers from the same code). The down projections share d alike, so each thread sums its own. */
-static void moe_block(const moe *L, float *h, float *sh, float *x) {
+static void moe_block(const moe *L, float *h, float *sh, float *x, member *me) {
     const int64_t d = L->d, k = L->top_k, I = L->hidden;
     float *hidden = sh, *outs = hidden + (k + 1) * I, w[k];
     int64_t ids[k];
@@ -547,7 +592,7 @@ static void moe_block(const moe *L, float *h, float *sh, float *x) {
     }
     products(up, (int)k + 1);
     for (int64_t i = 0; i <= k; i++) relu2(up[i].y, up[i].n0, up[i].n1);
-    BARRIER;
+    meet(me);
     own(down, 1);
     for (int64_t i = 0; i <= k; i++) {
         down[i].n0 = down[0].n0, down[i].n1 = down[0].n1;
@@ -569,13 +614,13 @@ typedef struct {
 
 static int64_t mlp_scratch(const mlp *L) { return L->up.out + L->d; }
 
-static void mlp_block(const mlp *L, float *h, float *sh, float *x) {
+static void mlp_block(const mlp *L, float *h, float *sh, float *x, member *me) {
     float *hidden = sh, *out = hidden + L->up.out;
     rms_norm(h, L->norm, x, L->d, L->eps);
     product up = {&L->up, x, hidden};
     products(&up, 1);
     relu2(hidden, up.n0, up.n1);
-    BARRIER;
+    meet(me);
     product down = {&L->down, hidden, out};
     products(&down, 1);
     for (int64_t i = down.n0; i < down.n1; i++) h[i] += out[i];
@@ -628,8 +673,11 @@ int decode_token(const step *s, int64_t token, int64_t pos, float *logits, int t
     const unsigned int csr = _mm_getcsr(); /* the caller's float mode (torch.set_flush_denormal sets its own
                                               thread's only): every thread routes the MoE blocks itself, so
                                               all of them compute in the same mode */
+    meeting all = {0, 0};
     #pragma omp parallel num_threads(threads)
     {
+        const int64_t team = threads_here(); /* libgomp may give fewer threads than asked */
+        member me = {&all, 0, team, team > omp_procs() ? 64 : 1 << 14};
         const unsigned int own_csr = _mm_getcsr();
         _mm_setcsr(csr);
         float *x = buf + shared + thread_here() * dx;
@@ -637,12 +685,12 @@ int decode_token(const step *s, int64_t token, int64_t pos, float *logits, int t
             float *a = s->state[2 * i], *b = s->state[2 * i + 1];
             const void *L = s->blocks[i].args;
             switch (s->blocks[i].kind) {
-            case 'M': mamba_block(L, h, a, b, buf, x); break;
-            case '*': attention_block(L, h, a, b, s->capacity[i], pos, buf, x); break;
-            case 'E': moe_block(L, h, buf, x); break;
-            default: mlp_block(L, h, buf, x);
+            case 'M': mamba_block(L, h, a, b, buf, x, &me); break;
+            case '*': attention_block(L, h, a, b, s->capacity[i], pos, buf, x, &me); break;
+            case 'E': moe_block(L, h, buf, x, &me); break;
+            default: mlp_block(L, h, buf, x, &me);
             }
-            BARRIER;
+            meet(&me);
         }
         rms_norm(h, s->norm, x, d, s->eps);
         product head = {s->lm_head, x, logits};
