@@ -2,6 +2,7 @@
 against the torch path, for every block kind, budget and precision; and where it hands over to torch."""
 
 import os
+from dataclasses import FrozenInstanceError, replace
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from tiny import ALIGNED, hf_logits, make_checkpoint
 import elastic_local
 from elastic_local.model import NemotronH, gemv, step
 from elastic_local.model.mamba2 import MambaState
+from elastic_local.model.nemotron_h import HybridCache
 
 # On x86 with AVX2 (CI, every development box here) the library must build: a compiler problem fails these
 # tests instead of skipping them (test_cpu_gemv.py)
@@ -169,12 +171,19 @@ def test_what_step_c_does_not_cover_runs_the_torch_path(nested):
         m.forward(torch.tensor([[1, 2], [3, 4]]), two)
         out = m.forward(torch.tensor([[5], [6]]), two)  # two sequences: the torch path
     assert out.shape == (2, 1, 96) and m.budget() not in m.net.c_steps
-    one = m.new_cache()  # a hand-built state that is not contiguous: the torch path
-    mamba = next(s for s in one.layers if isinstance(s, MambaState))
-    mamba.conv = mamba.conv.transpose(1, 2).contiguous().transpose(1, 2)
-    assert not step.serves(one) and not one.dense
-    mamba.conv = mamba.conv.contiguous()
+    def with_conv(cache: HybridCache, layout) -> HybridCache:  # a hand-built cache
+        return HybridCache(cache.budget, [replace(s, conv=layout(s.conv)) if isinstance(s, MambaState) else s
+                                          for s in cache.layers], list(cache.lengths))
+
+    one = with_conv(m.new_cache(), lambda c: c.transpose(1, 2).contiguous().transpose(1, 2))
+    assert not step.serves(one) and not one.dense  # a state that is not contiguous: the torch path
+    one = with_conv(one, torch.Tensor.contiguous)
     assert step.serves(one) and one.dense  # checked once: the cache's own operations keep it contiguous
+    with pytest.raises(AttributeError, match="fixed for its life"):
+        one.layers = one.layers  # what the step has bound cannot change under it
+    mamba = next(s for s in one.layers if isinstance(s, MambaState))
+    with pytest.raises(FrozenInstanceError):
+        mamba.conv = mamba.conv
 
 
 def test_a_token_outside_the_vocabulary_is_refused_before_any_state_changes(nested):

@@ -38,8 +38,10 @@ class MambaWeights:
         return self.A.shape[0]
 
 
-@dataclass
+@dataclass(frozen=True)
 class MambaState:
+    """Advanced in place, never rebound: the C decode step points at a cache's tensors once (step.py)."""
+
     conv: torch.Tensor  # [B, k*p + 2*G*N, K]: the last K inputs of the convolution
     ssm: torch.Tensor  # [B, G, r, p, N] float32 (group-major, the layout of the scan and its kernels)
 

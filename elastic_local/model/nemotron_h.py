@@ -41,12 +41,22 @@ class Layer:
 @dataclass
 class HybridCache:
     """Per-sequence state of one budget: KV for attention layers, conv + SSM state for Mamba layers.
-    `lengths[b]` counts the tokens row b has consumed."""
+    `lengths[b]` counts the tokens row b has consumed. Its layers are fixed for its life (a tuple, not
+    rebound; a MambaState is frozen): the C decode step binds a cache's Mamba states once (step.py), so
+    an operation that changes them in any other way than in place builds a new cache."""
 
     budget: Budget
-    layers: list[KVCache | MambaState | None]
+    layers: tuple[KVCache | MambaState | None, ...]
     lengths: list[int] = field(default_factory=list)
     dense: bool = field(default=False, repr=False, compare=False)  # states found contiguous (step.serves)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "layers" and "layers" in self.__dict__:
+            raise AttributeError("a HybridCache's layers are fixed for its life: build a new cache")
+        object.__setattr__(self, name, value)
 
     @property
     def batch_size(self) -> int:

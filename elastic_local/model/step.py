@@ -190,8 +190,8 @@ class DecodeStep:
 
     Its Python is what a token costs beside the C step, on every budget alike (a small budget's step is a
     quarter of a millisecond on the demo model), so a call sets only what changes: the K / V caches (they
-    are replaced as they grow) and, when the cache is another one, the Mamba states (updated in place for
-    a cache's life)."""
+    are replaced as they grow) and, when the cache is another one, the Mamba states (a cache's layers and
+    Mamba states cannot be rebound, HybridCache: they are updated in place for its life)."""
 
     def __init__(self, net: NemotronH, b: Budget, lib: ctypes.CDLL):
         d, keep = b.hidden, []
