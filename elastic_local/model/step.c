@@ -211,17 +211,31 @@ static void silu_into(float *y, const float *z, int64_t n) {
 
 static inline float softplus(float v) { return v > 20.f ? v : log1pf(expf(v)); } /* torch's threshold */
 
-static void rms_norm(const float *h, const float *w, float *out, int64_t d, float eps) {
-    float ss = 0.f;
-    for (int64_t i = 0; i < d; i++) ss += h[i] * h[i];
-    float r = 1.f / sqrtf(ss / (float)d + eps);
-    for (int64_t i = 0; i < d; i++) out[i] = w[i] * (h[i] * r);
-}
-
 static inline float sum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* sum v[i]^2, i < n, in four vector sums: one scalar chain of n additions took 4n cycles (0.3 us for a
+   demo norm's 256, and a token runs ten norms a thread). */
+static inline float sum_squares(const float *v, int64_t n) {
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int j = 0; j < 4; j++) {
+            const __m256 x = _mm256_loadu_ps(v + i + 8 * j);
+            a[j] = _mm256_fmadd_ps(x, x, a[j]);
+        }
+    for (; i + 8 <= n; i += 8) a[0] = _mm256_fmadd_ps(_mm256_loadu_ps(v + i), _mm256_loadu_ps(v + i), a[0]);
+    float t = sum8(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
+    for (; i < n; i++) t += v[i] * v[i];
+    return t;
+}
+
+static void rms_norm(const float *h, const float *w, float *out, int64_t d, float eps) {
+    const float r = 1.f / sqrtf(sum_squares(h, d) / (float)d + eps);
+    for (int64_t i = 0; i < d; i++) out[i] = w[i] * (h[i] * r);
 }
 
 static inline float dot(const float *a, const float *b, int64_t n) {
@@ -298,10 +312,7 @@ static void conv_channels(const mamba *L, float *conv, float *xbc, int64_t c0, i
 static void group_norm(const mamba *L, float *y, int64_t g) {
     const int64_t G = L->groups, p = L->head_dim, r = L->heads / G;
     float ss = 0.f;
-    for (int64_t q = 0; q < r; q++) {
-        const float *v = y + (q * G + g) * p;
-        for (int64_t i = 0; i < p; i++) ss += v[i] * v[i];
-    }
+    for (int64_t q = 0; q < r; q++) ss += sum_squares(y + (q * G + g) * p, p);
     const float rs = 1.f / sqrtf(ss / (float)(r * p) + L->eps);
     for (int64_t q = 0; q < r; q++) {
         const int64_t c0 = (q * G + g) * p;
