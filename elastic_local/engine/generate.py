@@ -198,14 +198,16 @@ class Generation:
                 [self.options[r.index].req.transplant for r in rows])
             t = time.perf_counter()
             tokens = self._sample(logits, rows)
-            sample_s = time.perf_counter() - t
             catch_ups = [None if c is None else CatchUp(r.index, budget, c.tokens, s, not r.prefilled, c.transplanted,
                                                         c.end - self.t0)
                          for r, s, c in zip(rows, seconds, caught)] if any(caught) else caught
             events += [c for c in catch_ups if c is not None]
-            for row, tok, s, c in zip(rows, tokens, seconds, catch_ups):
-                self._account(row, budget, s, sample_s, c)
+            phases = [row.phase for row in rows]  # a token's time counts toward the phase it was sampled in
+            for row, tok in zip(rows, tokens):
                 events += self._tokens(row, row.accept(tok), budget)
+            rest_s = time.perf_counter() - t  # sampling, then the rows' text and events (a demo token: 10-15 us)
+            for row, phase, s, c in zip(rows, phases, seconds, catch_ups):
+                self._account(row, phase, budget, s, rest_s, c)
         self._drop_finished()
         return events
 
@@ -262,11 +264,14 @@ class Generation:
         return [Token(row.index, p.id, p.text, p.phase, think if p.forced else budget, p.forced, self._now())
                 for p in pieces]
 
-    def _account(self, row: Row, budget: str, forward_s: float, sample_s: float, caught: CatchUp | None) -> None:
+    def _account(self, row: Row, phase: str, budget: str, forward_s: float, rest_s: float,
+                 caught: CatchUp | None) -> None:
         """Time of one token: the row's first forward is the prefill; later multi-token ones are catch-ups;
-        everything after the prefill counts toward the phase the token belongs to."""
+        everything after the prefill counts toward the phase the token belongs to, and so does what the step
+        spent after the forward (sampling, detokenizing, events): a rate from these stats is what a caller
+        of `generate` gets."""
         st = row.stats
-        phase_s = sample_s
+        phase_s = rest_s
         if not row.prefilled:
             st.prefill_tokens += caught.tokens if caught is not None else 1
             st.prefill_s += forward_s
@@ -278,10 +283,10 @@ class Generation:
                 st.catch_up_s += caught.seconds
         if caught is not None and caught.transplanted:
             st.transplants += 1
-        budgets = st.think_budgets if row.phase == "think" else st.answer_budgets
+        budgets = st.think_budgets if phase == "think" else st.answer_budgets
         if not budgets or budgets[-1] != budget:
             budgets.append(budget)
-        if row.phase == "think":
+        if phase == "think":
             st.think_s += phase_s
         else:
             st.answer_s += phase_s
