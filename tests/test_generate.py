@@ -324,9 +324,9 @@ def test_incremental_detokenization_across_multibyte_characters(m):
 
 
 def test_a_phase_rate_counts_the_whole_step_not_only_the_forward(m, monkeypatch):
-    """Stats' think_s / answer_s include what a step spends after the forward (detokenizing, events): on
-    the demo model that is 10-15 us of a 70-120 us token, and leaving it out overstated every rate the CLI
-    prints and every benchmark that reads them. A 3 ms detokenizer must show in the answer's time."""
+    """Stats' think_s / answer_s are the whole steps' wall time, not the forward's: what a step spends
+    after it (detokenizing, events) is 10-20 us of a demo token's 70-120, and leaving it out overstated
+    every rate the CLI prints and every benchmark that reads them. A 3 ms detokenizer must show."""
     push = IncrementalDecoder.push
 
     def slow_push(self, token):

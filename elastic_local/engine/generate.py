@@ -179,7 +179,10 @@ class Generation:
 
     @torch.inference_mode()
     def step(self) -> list[Event]:
-        """One token for every active row: each budget in use catches up and decodes, then sampling."""
+        """One token for every active row: each budget in use catches up and decodes, then sampling. A row's
+        phase is charged the step's whole wall time, less its prefill: what a caller waited for its token
+        (the forward alone left out 10-20 us of a demo model's 70-120: sampling, text, events)."""
+        start = time.perf_counter()
         events = self._take_pending()
         if self._cancel.is_set():
             for i in self.active:
@@ -191,24 +194,27 @@ class Generation:
         for pos, i in enumerate(self.active):
             groups.setdefault(self.options[i].budget_of[self.rows[i].phase], []).append(pos)
         capacity = self._capacity()
+        took: list[tuple[Row, str, float]] = []  # each row that took a token: its phase, its prefill seconds
         for budget, positions in groups.items():
             rows = [self.rows[self.active[p]] for p in positions]
             logits, seconds, caught = self.states.advance(
                 budget, positions, [r.ids for r in rows], capacity,
                 [self.options[r.index].req.transplant for r in rows])
-            t = time.perf_counter()
             tokens = self._sample(logits, rows)
             catch_ups = [None if c is None else CatchUp(r.index, budget, c.tokens, s, not r.prefilled, c.transplanted,
                                                         c.end - self.t0)
                          for r, s, c in zip(rows, seconds, caught)] if any(caught) else caught
             events += [c for c in catch_ups if c is not None]
-            phases = [row.phase for row in rows]  # a token's time counts toward the phase it was sampled in
-            for row, tok in zip(rows, tokens):
+            for row, tok, s, c in zip(rows, tokens, seconds, catch_ups):
+                took.append((row, row.phase, self._account(row, budget, s, c)))  # the phase it was sampled in
                 events += self._tokens(row, row.accept(tok), budget)
-            rest_s = time.perf_counter() - t  # sampling, then the rows' text and events (a demo token: 10-15 us)
-            for row, phase, s, c in zip(rows, phases, seconds, catch_ups):
-                self._account(row, phase, budget, s, rest_s, c)
         self._drop_finished()
+        spent = time.perf_counter() - start
+        for row, phase, prefill_s in took:
+            if phase == "think":
+                row.stats.think_s += spent - prefill_s
+            else:
+                row.stats.answer_s += spent - prefill_s
         return events
 
     def _sample(self, logits: torch.Tensor, rows: list[Row]) -> list[int]:
@@ -264,32 +270,25 @@ class Generation:
         return [Token(row.index, p.id, p.text, p.phase, think if p.forced else budget, p.forced, self._now())
                 for p in pieces]
 
-    def _account(self, row: Row, phase: str, budget: str, forward_s: float, rest_s: float,
-                 caught: CatchUp | None) -> None:
-        """Time of one token: the row's first forward is the prefill; later multi-token ones are catch-ups;
-        everything after the prefill counts toward the phase the token belongs to, and so does what the step
-        spent after the forward (sampling, detokenizing, events): a rate from these stats is what a caller
-        of `generate` gets."""
+    def _account(self, row: Row, budget: str, forward_s: float, caught: CatchUp | None) -> float:
+        """A row's forward before its token: the first is the prefill (its seconds are returned: the step's
+        rest goes to the phase), later multi-token ones are catch-ups (counted in the phase too)."""
         st = row.stats
-        phase_s = rest_s
+        prefill_s = 0.0
         if not row.prefilled:
             st.prefill_tokens += caught.tokens if caught is not None else 1
+            prefill_s = forward_s
             st.prefill_s += forward_s
             row.prefilled = True
-        else:
-            phase_s += forward_s
-            if caught is not None:
-                st.catch_up_tokens += caught.tokens
-                st.catch_up_s += caught.seconds
+        elif caught is not None:
+            st.catch_up_tokens += caught.tokens
+            st.catch_up_s += caught.seconds
         if caught is not None and caught.transplanted:
             st.transplants += 1
-        budgets = st.think_budgets if phase == "think" else st.answer_budgets
+        budgets = st.think_budgets if row.phase == "think" else st.answer_budgets
         if not budgets or budgets[-1] != budget:
             budgets.append(budget)
-        if phase == "think":
-            st.think_s += phase_s
-        else:
-            st.answer_s += phase_s
+        return prefill_s
 
     def results(self) -> list[Result]:
         return [row.result() for row in self.rows.values()]
