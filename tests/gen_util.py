@@ -3,6 +3,7 @@ the oracle check that every generated token is the greedy argmax of its budget r
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -98,3 +99,16 @@ def generate_with_a_live_switch(m: ElasticModel) -> tuple[list[int], list[tuple[
     tokens = sampled_tokens(events, len(prompt))
     assert [b for _, b in tokens][:6] == ["full"] * 4 + ["small"] * 2
     return events[-1].results[0].ids, tokens
+
+
+def at_a_real_models_pace(m, monkeypatch) -> None:
+    """5 ms a step: the tiny model's steps take microseconds (C decode step), so a stream's consumer, which
+    collects tokens every 20 ms, would see a generation end before it could act on one."""
+    def slow(step):
+        def run(*args, **kwargs):
+            time.sleep(0.005)
+            return step(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(m.net, "forward", slow(m.net.forward))
+    monkeypatch.setattr(m.net, "decode_token", slow(m.net.decode_token))

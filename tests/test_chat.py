@@ -4,7 +4,7 @@ The oracle for reuse: a turn run on reused caches gives exactly the tokens of a 
 the same rendered conversation (and each token is its budget's argmax from scratch)."""
 
 import pytest
-from gen_util import assert_argmax, elastic_model, sampled_tokens
+from gen_util import assert_argmax, at_a_real_models_pace, elastic_model, sampled_tokens
 from tiny import CHAT_TEMPLATE
 
 from elastic_local.engine.chat import ChatTemplate, TemplateError
@@ -67,14 +67,16 @@ def test_budgets_can_change_between_turns(m):
     assert r.ids == expected.ids
 
 
-def test_a_cancelled_turn_leaves_the_chat_as_it_was(m):
+def test_a_cancelled_turn_leaves_the_chat_as_it_was(m, monkeypatch):
     chat = m.chat(**OPTIONS)
     chat.send("keep this")
     before = list(chat.messages)
-    s = chat.stream("cancel this one", max_think_tokens=30)
-    for ev in s:
-        if isinstance(ev, Token) and ev.phase == "think":
-            s.cancel()
+    with monkeypatch.context() as slow:
+        at_a_real_models_pace(m, slow)
+        s = chat.stream("cancel this one", max_think_tokens=30)
+        for ev in s:
+            if isinstance(ev, Token) and ev.phase == "think":
+                s.cancel()
     assert s.result.finish_reason == "cancelled" and chat.messages == before
     expected_prompt = chat.prompt(chat.messages + [{"role": "user", "content": "instead"}])[0]
     r = chat.send("instead")

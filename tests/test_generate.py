@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from gen_util import assert_argmax, elastic_model, sampled_tokens
+from gen_util import assert_argmax, at_a_real_models_pace, elastic_model, sampled_tokens
 
 from elastic_local.engine import sampling
 from elastic_local.engine.caches import take_rows, transplant
@@ -122,14 +122,7 @@ def test_live_switch_in_the_middle_of_thinking(m):
 
 
 def test_switch_from_another_thread_while_streaming(m, monkeypatch):
-    def like_a_real_model(step):  # the tiny model's steps take microseconds (C decode step)
-        def slow(*args, **kwargs):
-            time.sleep(0.005)
-            return step(*args, **kwargs)
-        return slow
-
-    monkeypatch.setattr(m.net, "forward", like_a_real_model(m.net.forward))
-    monkeypatch.setattr(m.net, "decode_token", like_a_real_model(m.net.decode_token))
+    at_a_real_models_pace(m, monkeypatch)
     prompt = m.chat_prompt("stream")
     s = m.stream(prompt, think_budget="full", answer_budget="full", max_think_tokens=30, max_answer_tokens=4,
                  ignore_eos=True, think_close=CLOSE)
@@ -170,10 +163,11 @@ def test_eos_and_stop_ids(m):
     assert r.answer_ids == [] and r.finish_reason == "answer_limit" and r.think_end == "prompt"
 
 
-def test_cancel_stops_at_a_token_and_leaves_a_consistent_state(m):
+def test_cancel_stops_at_a_token_and_leaves_a_consistent_state(m, monkeypatch):
     prompt = m.chat_prompt("cancel me")
     options = dict(max_think_tokens=40, max_answer_tokens=40, ignore_eos=True, think_close=CLOSE)
     _, [free] = run(m, [prompt], **options)
+    at_a_real_models_pace(m, monkeypatch)
     s = m.stream(prompt, **options)
     seen = 0
     for ev in s:
@@ -363,6 +357,7 @@ def test_stream_errors_reach_the_consumer_and_dropped_streams_cancel(m, monkeypa
     with pytest.raises(RuntimeError, match="failed in the worker"):
         list(s)
     monkeypatch.undo()
+    at_a_real_models_pace(m, monkeypatch)  # 500 tokens must outlast the collection
     s = m.stream(m.chat_prompt("long"), max_think_tokens=500, ignore_eos=True)
     gen, worker = s.generation, s._thread
     del s

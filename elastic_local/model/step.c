@@ -58,7 +58,7 @@ typedef struct {     /* y[n] = sum_k W[n, k] x[k], n < out, k < in */
  *
  * The barrier is this file's own (`meet`): OpenMP's costs 0.26 us here even on one thread (libgomp wakes
  * sleepers through a system call each time), against 0.04 us for two threads counting on a shared line,
- * and a token passes about 25. It also keeps spinning where libgomp would sleep: libgomp cuts its spin
+ * and a token passes two or three a block. It also keeps spinning where libgomp would sleep: libgomp cuts its spin
  * to 100 turns once the threads it has ever led outnumber the cores, which made each barrier a kernel
  * sleep and wake-up (README, "A stream on its own thread"). It yields the core instead of spinning where
  * the region has more threads than the process has cores, or after a long wait (a thread descheduled). */
