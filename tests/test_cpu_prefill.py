@@ -1,5 +1,5 @@
 """A prefill's C parts on the CPU (step.c, through model/kernels.py and model/moe.py): the Mamba2 causal
-convolution and scan, and the routed experts. A whole network against transformers' forward (the oracle),
+convolution and scan, the norms, and the routed experts. A whole network against transformers' forward (the oracle),
 and each part against the torch code it replaces (ssd.py's chunked scan and convolution, the recurrence
 the decode step runs, moe.py's grouped experts) on shapes that leave every vector tail, on one thread and
 on three; and where torch keeps the work (gradients, other kernels)."""
@@ -34,7 +34,7 @@ def c_calls(monkeypatch):
             return out
         return call
 
-    for module, name in ((kernels, "_cpu_conv"), (kernels, "_cpu_scan"), (moe, "_experts_cpu")):
+    for module, name in ((kernels, "_cpu_conv"), (kernels, "_cpu_scan"), (kernels, "rms_norm"), (moe, "_experts_cpu")):
         monkeypatch.setattr(module, name, spy(getattr(module, name), name))
     return seen
 
@@ -59,7 +59,19 @@ def test_a_prefill_in_c_gives_transformers_logits(tmp_path, shape, threads, c_ca
     want = hf_logits(hf, ids)
     torch.testing.assert_close(whole, want, atol=1e-4, rtol=0)
     torch.testing.assert_close(torch.cat(parts, dim=1), want, atol=1e-4, rtol=0)  # continued from the states
-    assert {"_cpu_conv", "_cpu_scan", "_experts_cpu"} <= set(c_calls)
+    assert {"_cpu_conv", "_cpu_scan", "rms_norm", "_experts_cpu"} <= set(c_calls)
+
+
+@pytest.mark.parametrize("groups, p, width", [(1, 37, 37), (1, 256, 256), (2, 12, 48), (4, 5, 40)])
+def test_the_norms_in_c_are_torch_s_rms_norm(groups, p, width, threads):
+    """Plain RMSNorm and Mamba2's gated group norm (rank-major: group g holds channels (q G + g) p ..),
+    with vector tails (37, 5, 12 channels a run), against the torch formulas they replace."""
+    x, w, eps = torch.randn(2, 9, width), torch.randn(width), 1e-5
+    v = x.view(2, 9, -1, groups, p)  # [.., r, G, p]
+    want = w * (v * torch.rsqrt(v.pow(2).mean(dim=(-3, -1), keepdim=True) + eps)).reshape(x.shape)
+    torch.testing.assert_close(kernels.rms_norm(x, w, eps, groups, p), want, atol=1e-6, rtol=1e-5)
+    x.requires_grad_()  # training differentiates the torch ops
+    assert kernels.rms_norm(x, w, eps, groups, p) is None
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

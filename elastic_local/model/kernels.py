@@ -146,6 +146,21 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, groups: int = 1,
+             p: int | None = None) -> torch.Tensor | None:
+    """RMSNorm of x [..., width] times weight [width] by step.c's norm_rows, over each of `groups` rank-major
+    groups of p-channel runs (Mamba2's gated norm) or the whole row; None where it does not run
+    (cpu_library): the torch ops then do."""
+    lib = cpu_library(x, weight)
+    if lib is None or x.numel() == 0:
+        return None
+    x, weight, width = x.contiguous(), weight.contiguous(), x.shape[-1]
+    out = torch.empty_like(x)
+    lib.norm_rows(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // width, width, groups, p or width,
+                  eps, torch.get_num_threads())
+    return out
+
+
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   state: torch.Tensor | None) -> torch.Tensor:
     """silu(causal depthwise conv) of x [b, T, C] with weight [C, K]; continues from and updates `state`

@@ -48,6 +48,8 @@ class MambaState:
 
 def _group_norm(h: torch.Tensor, weight: torch.Tensor, G: int, p: int, eps: float) -> torch.Tensor:
     # h: [..., k*p] rank-major -> [..., r, G, p]; RMS over (r, p) within each group
+    if (out := kernels.rms_norm(h, weight, eps, G, p)) is not None:
+        return out
     v = h.view(*h.shape[:-1], -1, G, p)
     v = v * torch.rsqrt(v.pow(2).mean(dim=(-3, -1), keepdim=True) + eps)
     return weight * v.reshape(h.shape)
