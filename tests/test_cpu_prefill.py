@@ -6,6 +6,7 @@ on three; and where torch keeps the work (gradients, other kernels)."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 from test_cpu_gemv import X86
 from test_model_vs_transformers import CONFIGS
 from tiny import ALIGNED, hf_logits, make_checkpoint
@@ -63,15 +64,19 @@ def test_a_prefill_in_c_gives_transformers_logits(tmp_path, shape, threads, c_ca
 
 
 @pytest.mark.parametrize("groups, p, width", [(1, 37, 37), (1, 256, 256), (2, 12, 48), (4, 5, 40)])
-def test_the_norms_in_c_are_torch_s_rms_norm(groups, p, width, threads):
-    """Plain RMSNorm and Mamba2's gated group norm (rank-major: group g holds channels (q G + g) p ..),
-    with vector tails (37, 5, 12 channels a run), against the torch formulas they replace."""
+@pytest.mark.parametrize("gated", [False, True])
+def test_the_norms_in_c_are_torch_s_rms_norm(groups, p, width, gated, threads):
+    """Plain RMSNorm and Mamba2's group norm (rank-major: group g holds channels (q G + g) p ..), gated by
+    silu of a strided z as in_proj's split leaves it, with vector tails (37, 5, 12 channels a run), against
+    the torch formulas they replace."""
     x, w, eps = torch.randn(2, 9, width), torch.randn(width), 1e-5
-    v = x.view(2, 9, -1, groups, p)  # [.., r, G, p]
+    z = torch.randn(2, 9, width + 7)[..., 3:3 + width] if gated else None
+    h = x * F.silu(z) if gated else x
+    v = h.view(2, 9, -1, groups, p)  # [.., r, G, p]
     want = w * (v * torch.rsqrt(v.pow(2).mean(dim=(-3, -1), keepdim=True) + eps)).reshape(x.shape)
-    torch.testing.assert_close(kernels.rms_norm(x, w, eps, groups, p), want, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(kernels.rms_norm(x, w, eps, groups, p, gate=z), want, atol=1e-6, rtol=1e-5)
     x.requires_grad_()  # training differentiates the torch ops
-    assert kernels.rms_norm(x, w, eps, groups, p) is None
+    assert kernels.rms_norm(x, w, eps, groups, p, gate=z) is None
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

@@ -146,18 +146,23 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, groups: int = 1,
-             p: int | None = None) -> torch.Tensor | None:
-    """RMSNorm of x [..., width] times weight [width] by step.c's norm_rows, over each of `groups` rank-major
-    groups of p-channel runs (Mamba2's gated norm) or the whole row; None where it does not run
-    (cpu_library): the torch ops then do."""
-    lib = cpu_library(x, weight)
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, groups: int = 1, p: int | None = None,
+             gate: torch.Tensor | None = None) -> torch.Tensor | None:
+    """RMSNorm of x [..., width] (times silu(gate) first, where given) times weight [width] by step.c's
+    norm_rows, over each of `groups` rank-major groups of p-channel runs (Mamba2's gated norm) or the whole
+    row; None where it does not run (cpu_library): the torch ops then do."""
+    lib = cpu_library(x, weight, gate)
     if lib is None or x.numel() == 0:
         return None
     x, weight, width = x.contiguous(), weight.contiguous(), x.shape[-1]
+    rows = x.numel() // width
+    if gate is not None:  # rows of a strided gate (in_proj's z columns) are read where they are
+        gate = gate.reshape(rows, width)
+        if gate.stride(1) != 1:
+            gate = gate.contiguous()
     out = torch.empty_like(x)
-    lib.norm_rows(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // width, width, groups, p or width,
-                  eps, torch.get_num_threads())
+    lib.norm_rows(x.data_ptr(), _ptr(gate), 0 if gate is None else gate.stride(0), weight.data_ptr(),
+                  out.data_ptr(), rows, width, groups, p or width, eps, torch.get_num_threads())
     return out
 
 

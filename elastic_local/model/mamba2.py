@@ -46,10 +46,16 @@ class MambaState:
     ssm: torch.Tensor  # [B, G, r, p, N] float32 (group-major, the layout of the scan and its kernels)
 
 
+def _gated_norm(h: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, G: int, p: int, eps: float) -> torch.Tensor:
+    """RMSNorm of h silu(z) within each of G groups of rank-major heads ([..., r, G, p]: over (r, p)); in
+    one C pass for a float32 prompt on the CPU (kernels.rms_norm)."""
+    if (out := kernels.rms_norm(h, weight, eps, G, p, gate=z)) is not None:
+        return out
+    return _group_norm(h * F.silu(z.float()), weight, G, p, eps)
+
+
 def _group_norm(h: torch.Tensor, weight: torch.Tensor, G: int, p: int, eps: float) -> torch.Tensor:
     # h: [..., k*p] rank-major -> [..., r, G, p]; RMS over (r, p) within each group
-    if (out := kernels.rms_norm(h, weight, eps, G, p)) is not None:
-        return out
     v = h.view(*h.shape[:-1], -1, G, p)
     v = v * torch.rsqrt(v.pow(2).mean(dim=(-3, -1), keepdim=True) + eps)
     return weight * v.reshape(h.shape)
@@ -96,8 +102,10 @@ def mamba_mixer(x: torch.Tensor, w: MambaWeights, heads: int, cfg, state: MambaS
         if state is not None:
             state.ssm.copy_(final)
     y = (y + D[..., None] * xs).transpose(2, 3).reshape(bsz, T, k * p)
-    norm = _group_norm if soft is None else soft.group_norm
-    y = norm(y * F.silu(z.float()), w.norm[: k * p].float(), G, p, cfg.layer_norm_epsilon)
+    if soft is None:
+        y = _gated_norm(y, z, w.norm[: k * p].float(), G, p, cfg.layer_norm_epsilon)
+    else:
+        y = soft.group_norm(y * F.silu(z.float()), w.norm[: k * p].float(), G, p, cfg.layer_norm_epsilon)
     if observe is not None:
         observe(y)
     return linear(y.to(x.dtype), block(w.out_proj, 0, d, k * p))
