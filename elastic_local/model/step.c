@@ -56,12 +56,12 @@ typedef struct {     /* y[n] = sum_k W[n, k] x[k], n < out, k < in */
  * waiting for one thread to. (One region per block, a barrier after each norm and a split-K round for
  * each narrow product cost small budgets most: README, "One parallel region a token".)
  *
- * The barrier is this file's own (`meet`): OpenMP's costs 0.26 us here even on one thread (libgomp wakes
- * sleepers through a system call each time), against 0.04 us for two threads counting on a shared line,
- * and a token passes two or three a block. It also keeps spinning where libgomp would sleep: libgomp cuts its spin
- * to 100 turns once the threads it has ever led outnumber the cores, which made each barrier a kernel
- * sleep and wake-up (README, "A stream on its own thread"). It yields the core instead of spinning where
- * the region has more threads than the process has cores, or after a long wait (a thread descheduled). */
+ * The barrier is this file's own (`meet`): OpenMP's costs 0.26 us here even on one thread (libgomp makes
+ * a futex system call at each), against 0.04 us for two threads counting on a shared line, and a token
+ * passes two or three a block. It also keeps spinning where libgomp would sleep: libgomp cuts its spin to
+ * 100 turns once the threads it has ever led outnumber the cores, which made each barrier a kernel sleep
+ * and wake-up (README, "A stream on its own thread"). It yields the core instead of spinning where the
+ * region has more threads than the process has cores, or after a long wait (a thread descheduled). */
 typedef struct { /* one decode_token call's: rounds arrived at and passed, counted from 0 */
     _Alignas(64) atomic_llong arrived;
     _Alignas(64) atomic_llong passed;
@@ -208,7 +208,8 @@ static void silu_into(float *y, const float *z, int64_t n) {
         _mm256_storeu_ps(y + i, z ? _mm256_mul_ps(_mm256_loadu_ps(y + i), a) : a);
     }
     if (i < n) {
-        const __m256i in = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256i in = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)),
+                                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         const __m256 a = silu256(_mm256_maskload_ps(z ? z + i : y + i, in));
         _mm256_maskstore_ps(y + i, in, z ? _mm256_mul_ps(_mm256_maskload_ps(y + i, in), a) : a);
     }
