@@ -35,7 +35,8 @@ def c_calls(monkeypatch):
             return out
         return call
 
-    for module, name in ((kernels, "_cpu_conv"), (kernels, "_cpu_scan"), (kernels, "rms_norm"), (moe, "_experts_cpu")):
+    for module, name in ((kernels, "_cpu_conv"), (kernels, "_cpu_scan"), (kernels, "cpu_rms_norm"),
+                         (moe, "_experts_cpu")):
         monkeypatch.setattr(module, name, spy(getattr(module, name), name))
     return seen
 
@@ -60,7 +61,7 @@ def test_a_prefill_in_c_gives_transformers_logits(tmp_path, shape, threads, c_ca
     want = hf_logits(hf, ids)
     torch.testing.assert_close(whole, want, atol=1e-4, rtol=0)
     torch.testing.assert_close(torch.cat(parts, dim=1), want, atol=1e-4, rtol=0)  # continued from the states
-    assert {"_cpu_conv", "_cpu_scan", "rms_norm", "_experts_cpu"} <= set(c_calls)
+    assert {"_cpu_conv", "_cpu_scan", "cpu_rms_norm", "_experts_cpu"} <= set(c_calls)
 
 
 @pytest.mark.parametrize("groups, p, width", [(1, 37, 37), (1, 256, 256), (2, 12, 48), (4, 5, 40)])
@@ -74,9 +75,9 @@ def test_the_norms_in_c_are_torch_s_rms_norm(groups, p, width, gated, threads):
     h = x * F.silu(z) if gated else x
     v = h.view(2, 9, -1, groups, p)  # [.., r, G, p]
     want = w * (v * torch.rsqrt(v.pow(2).mean(dim=(-3, -1), keepdim=True) + eps)).reshape(x.shape)
-    torch.testing.assert_close(kernels.rms_norm(x, w, eps, groups, p, gate=z), want, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(kernels.cpu_rms_norm(x, w, eps, groups, p, gate=z), want, atol=1e-6, rtol=1e-5)
     x.requires_grad_()  # training differentiates the torch ops
-    assert kernels.rms_norm(x, w, eps, groups, p, gate=z) is None
+    assert kernels.cpu_rms_norm(x, w, eps, groups, p, gate=z) is None
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

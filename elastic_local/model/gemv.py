@@ -183,12 +183,12 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 def release_threads() -> None:
     """Give the calling thread's OpenMP worker threads back, before generation moves to another thread (a
     Stream's). libgomp (torch's and these kernels') keeps a team of workers for every thread that has
-    started a parallel region; once the teams' threads outnumber the cores it stops spinning at barriers
-    and sleeps in the kernel instead, and a decode step's 23 barriers a token then cost 5x: on 2 cores the
-    demo model decoded at 1700 tok/s on a Stream's thread after the main thread had run a step, 7400 once
-    the main thread gave its workers back (README, "A stream on its own thread"). The calling thread's next
-    parallel region starts a new team (tens of microseconds). Only where the kernels are loaded: they
-    are what a decode step runs."""
+    started a parallel region; once the teams' threads outnumber the cores it stops spinning and sleeps in
+    the kernel instead. Each decode step is one parallel region: its start and end then cost a wake-up
+    (its barriers are step.c's own and keep spinning): the demo's C step took 148-172 us on a Stream's
+    thread beside a kept team against 102-110 on the main thread, and, with OpenMP's barriers before,
+    451-492 (README, "The decode step's own barrier"). The calling thread's next parallel region starts
+    a new team (tens of microseconds). Only where the kernels are loaded: they are what a decode step runs."""
     if _library:
         _library.release_threads()
 

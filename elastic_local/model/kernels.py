@@ -146,8 +146,8 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, groups: int = 1, p: int | None = None,
-             gate: torch.Tensor | None = None) -> torch.Tensor | None:
+def cpu_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, groups: int = 1, p: int | None = None,
+                 gate: torch.Tensor | None = None) -> torch.Tensor | None:
     """RMSNorm of x [..., width] (times silu(gate) first, where given) times weight [width] by step.c's
     norm_rows, over each of `groups` rank-major groups of p-channel runs (Mamba2's gated norm) or the whole
     row; None where it does not run (cpu_library): the torch ops then do."""

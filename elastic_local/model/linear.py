@@ -261,8 +261,8 @@ class ExpertStack(list):
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm in float32 over the active channels (the weight is already cut to them); a float32 prompt on
-    the CPU in one C pass (kernels.rms_norm)."""
-    if (out := kernels.rms_norm(x, weight, eps)) is not None:
+    the CPU in one C pass (kernels.cpu_rms_norm)."""
+    if (out := kernels.cpu_rms_norm(x, weight, eps)) is not None:
         return out
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)

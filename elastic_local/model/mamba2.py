@@ -48,8 +48,8 @@ class MambaState:
 
 def _gated_norm(h: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, G: int, p: int, eps: float) -> torch.Tensor:
     """RMSNorm of h silu(z) within each of G groups of rank-major heads ([..., r, G, p]: over (r, p)); in
-    one C pass for a float32 prompt on the CPU (kernels.rms_norm)."""
-    if (out := kernels.rms_norm(h, weight, eps, G, p, gate=z)) is not None:
+    one C pass for a float32 prompt on the CPU (kernels.cpu_rms_norm)."""
+    if (out := kernels.cpu_rms_norm(h, weight, eps, G, p, gate=z)) is not None:
         return out
     return _group_norm(h * F.silu(z.float()), weight, G, p, eps)
 

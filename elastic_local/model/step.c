@@ -725,7 +725,7 @@ int decode_token(const step *s, int64_t token, int64_t pos, float *logits, int t
    has them; groups 1, p width is the plain RMSNorm. With z [rows, width] (rows ldz apart; NULL: none),
    x is gated first, x silu(z), as Mamba2 gates before its norm. The decode step's arithmetic (silu_into,
    rms_norm, group_norm), rows shared among the threads. torch runs a norm as six ops over the whole
-   prompt (pow, mean, add, rsqrt, two muls) and the gate as two more: 6-8% of a 30m / 100m prompt
+   prompt (pow, mean, add, rsqrt, two muls) and the gate as two more: about 5% of a 30m / 100m prompt
    (scratch, README). */
 void norm_rows(const float *x, const float *z, int64_t ldz, const float *w, float *out, int64_t rows,
                int64_t width, int64_t groups, int64_t p, float eps, int threads) {
