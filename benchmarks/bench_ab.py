@@ -8,7 +8,8 @@ Why: on a shared machine, runs minutes apart differ by more than a kernel change
 decode spreads reached 40-80% here). Alternating two builds of model/gemv.c + step.c every 32 steps inside
 one process cancels most of that. `--base` is a git revision of the two sources; the other side is the
 working tree. For each config (bench_decode's presets, its checkpoints) it prints each side's median ms
-per decode step and the working tree's speed-up (above 1: faster). Both sides run the working tree's
+per decode step, the working tree's speed-up (above 1: faster) and the largest logit difference
+between the two over a few greedy tokens (0: the change kept every bit). Both sides run the working tree's
 step.py, so `--base` must read what it describes (from `decode_token` on; across a change to the
 layout, bench_revs.py runs each revision's own Python).
 `demo` is the embedded demo model (budgets full / mid / small); `gen` is bench_generate.py's nested model
@@ -91,7 +92,23 @@ def compare(m, name: str, libs: dict[str, ctypes.CDLL], budget: str | None, reps
                     times[side].append((time.perf_counter() - t) / steps * 1e3)
                 cache.lengths = [prompt]  # the same positions for both sides
     ms = {side: median(v) for side, v in times.items()}
-    return {"config": name, "budget": b.name, "ms": ms, "speedup": ms["base"] / ms["tree"]}
+    return {"config": name, "budget": b.name, "ms": ms, "speedup": ms["base"] / ms["tree"],
+            "diff": difference(m, b, decoders, ids)}
+
+
+def difference(m, b, decoders: dict, ids: torch.Tensor, steps: int = 8) -> float:
+    """The largest |logit| difference between the sides over `steps` greedy tokens, each from its own cache
+    after the same prompt (0.0: the change kept every bit)."""
+    logits = {}
+    with torch.inference_mode():
+        for side, decode in decoders.items():
+            cache = m.net.new_cache(1, budget=b, capacity=ids.shape[1] + steps)
+            token, out = int(m.net.forward(ids, cache=cache)[0, -1].argmax()), []
+            for _ in range(steps):
+                out.append(decode(token, cache))
+                token = int(out[-1].argmax())
+            logits[side] = torch.cat(out)
+    return (logits["base"] - logits["tree"]).abs().max().item()
 
 
 def main() -> None:
@@ -125,7 +142,7 @@ def main() -> None:
                 r = compare(m, name, libs, budget, args.reps, args.steps, args.position)
                 ms = r["ms"]
                 print(f"{name:6} {r['budget']:8} base {ms['base']:7.3f} ms  tree {ms['tree']:7.3f} ms  "
-                      f"tree speed-up {r['speedup']:.3f}x")
+                      f"tree speed-up {r['speedup']:.3f}x  max |logit diff| {r['diff']:.1e}")
 
 
 if __name__ == "__main__":

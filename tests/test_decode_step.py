@@ -12,6 +12,7 @@ from tiny import ALIGNED, hf_logits, make_checkpoint
 
 import elastic_local
 from elastic_local.model import NemotronH, gemv, step
+from elastic_local.model.budget import Budget
 from elastic_local.model.mamba2 import MambaState
 from elastic_local.model.nemotron_h import HybridCache
 
@@ -304,3 +305,35 @@ def test_a_step_gives_the_same_bits_on_any_thread_count(nested):
             assert all(torch.equal(runs[0], r) for r in runs[1:]), name
     finally:
         torch.set_num_threads(before)
+
+
+
+@pytest.mark.parametrize("conv_kernel", [3, 4])
+def test_the_convolution_s_vector_and_scalar_channels_decode_like_transformers_and_the_torch_path(
+        tmp_path, conv_kernel, threads, monkeypatch):
+    """step.c convolves a 4-tap kernel 8 channels at a time and any other channel, or kernel size, one by
+    one. Heads of 12 channels, one group of 12 state channels: on 1 thread (a group a thread) each head's x
+    is 8 + 4, B and C likewise. A budget of 3 of the 4 heads reads x's kernels and B, C's from two places
+    (its x channels end at 36, B's kernels start at 48); on 3 threads (fewer groups than threads: the 60
+    channels are cut at 16s) the second thread's first 8 channels, 32 to 40, cross from one to the other,
+    which takes the one-by-one path. A kernel of 3 runs one by one throughout."""
+    hf = make_checkpoint(tmp_path, seed=13, **dict(ALIGNED, conv_kernel=conv_kernel, n_groups=1, mamba_num_heads=4,
+                                                    mamba_head_dim=12, ssm_state_size=12))
+    ids = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(14))
+    m = elastic_local.load(tmp_path)
+    cache = m.new_cache()
+    with torch.inference_mode():
+        out = [m.forward(ids[:, :2], cache)] + [m.forward(ids[:, t:t + 1], cache) for t in range(2, 12)]
+    assert isinstance(m.net.c_steps[m.budget()], step.DecodeStep)
+    torch.testing.assert_close(torch.cat(out, dim=1), hf_logits(hf, ids), atol=1e-4, rtol=0)
+
+    full = m.net.resident
+    three = Budget("three", full.hidden, tuple(replace(s, mamba_heads=3) if s.kind == "M" else s for s in full.layers))
+    with monkeypatch.context() as p:
+        p.setattr(step, "build", lambda net, b: None)
+        want_logits, want = greedy(m.net, three, ids[0, :2], 10)
+    m.net.c_steps.clear()
+    got_logits, got = greedy(m.net, three, ids[0, :2], 10)
+    assert isinstance(m.net.c_steps[three], step.DecodeStep)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(got_logits, want_logits, atol=1e-4, rtol=1e-4)

@@ -300,16 +300,59 @@ static void ssm_head(const mamba *L, int64_t j, const float *xs, const float *B,
     }
 }
 
+/* 8 channels' 4 taps, channel-major (r[i] holds channels 2i, 2i + 1), as tap-major t[j] (tap j of the
+   channels in the order 0 2 4 6 | 1 3 5 7), and back. */
+static inline void taps_of(const __m256 r[4], __m256 t[4]) {
+    const __m256 u0 = _mm256_unpacklo_ps(r[0], r[1]), u1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 u2 = _mm256_unpacklo_ps(r[2], r[3]), u3 = _mm256_unpackhi_ps(r[2], r[3]);
+    t[0] = _mm256_shuffle_ps(u0, u2, 0x44), t[1] = _mm256_shuffle_ps(u0, u2, 0xEE);
+    t[2] = _mm256_shuffle_ps(u1, u3, 0x44), t[3] = _mm256_shuffle_ps(u1, u3, 0xEE);
+}
+
+static inline void channels_of(const __m256 t[4], __m256 r[4]) {
+    const __m256 l01 = _mm256_unpacklo_ps(t[0], t[1]), l23 = _mm256_unpacklo_ps(t[2], t[3]);
+    const __m256 h01 = _mm256_unpackhi_ps(t[0], t[1]), h23 = _mm256_unpackhi_ps(t[2], t[3]);
+    r[0] = _mm256_shuffle_ps(l01, l23, 0x44), r[1] = _mm256_shuffle_ps(l01, l23, 0xEE);
+    r[2] = _mm256_shuffle_ps(h01, h23, 0x44), r[3] = _mm256_shuffle_ps(h01, h23, 0xEE);
+}
+
+/* The 4-tap convolution of 8 channels (state s, weights w [8, 4], inputs x [8], bias b or NULL): x[i]
+   becomes the dot of channel i's window with its weights, in the scalar loop's order. One channel at a
+   time it was a chain of 4 dependent multiply-adds and 8 scalar moves each (1-2 us a Mamba block). */
+static inline void conv8(float *s, const float *w, const float *b, float *x) {
+    const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7), back = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256 r[4], t[4], k[4];
+    for (int i = 0; i < 4; i++) r[i] = _mm256_loadu_ps(s + 8 * i);
+    taps_of(r, t);
+    for (int i = 0; i < 4; i++) r[i] = _mm256_loadu_ps(w + 8 * i);
+    taps_of(r, k);
+    t[0] = t[1], t[1] = t[2], t[2] = t[3], t[3] = _mm256_permutevar8x32_ps(_mm256_loadu_ps(x), order);
+    __m256 a = _mm256_fmadd_ps(t[0], k[0], _mm256_setzero_ps());
+    for (int j = 1; j < 4; j++) a = _mm256_fmadd_ps(t[j], k[j], a);
+    a = _mm256_permutevar8x32_ps(a, back);
+    _mm256_storeu_ps(x, b ? _mm256_add_ps(a, _mm256_loadu_ps(b)) : a);
+    channels_of(t, r);
+    for (int i = 0; i < 4; i++) _mm256_storeu_ps(s + 8 * i, r[i]);
+}
+
 /* The causal depthwise convolution of channels [c0, c1) (shift each one's window, one dot), then silu. */
 static void conv_channels(const mamba *L, float *conv, float *xbc, int64_t c0, int64_t c1) {
     const int64_t kp = L->heads * L->head_dim, K = L->conv_k;
-    for (int64_t c = c0; c < c1; c++) {
-        float *s = conv + c * K, a = 0.f;
-        const float *w = c < kp ? L->conv_x + c * K : L->conv_bc + (c - kp) * K;
+    for (int64_t c = c0; c < c1;) {
+        const int64_t o = c < kp ? c : c - kp; /* within x's channels or B, C's */
+        const float *w = (c < kp ? L->conv_x : L->conv_bc) + o * K;
+        const float *bias = c < kp ? L->conv_bias_x : L->conv_bias_bc;
+        float *s = conv + c * K;
+        if (K == 4 && c + 8 <= c1 && (c >= kp || c + 8 <= kp)) {
+            conv8(s, w, bias ? bias + o : NULL, xbc + c);
+            c += 8;
+            continue;
+        }
+        float a = 0.f;
         for (int64_t j = 0; j < K - 1; j++) a += (s[j] = s[j + 1]) * w[j];
         a += (s[K - 1] = xbc[c]) * w[K - 1];
-        const float *bias = c < kp ? L->conv_bias_x : L->conv_bias_bc;
-        xbc[c] = bias ? a + bias[c < kp ? c : c - kp] : a;
+        xbc[c] = bias ? a + bias[o] : a;
+        c++;
     }
     silu_into(xbc + c0, NULL, c1 - c0);
 }
