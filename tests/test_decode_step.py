@@ -257,13 +257,13 @@ def test_mamba_groups_shared_among_threads_decode_like_the_torch_path(tmp_path, 
     torch.testing.assert_close(got_logits, want_logits, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 1, 16), (6, 3, 16), (6, 2, 12)])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 1, 16), (6, 3, 16), (6, 2, 12), (4, 2, 40)])
 def test_attention_read_in_runs_of_positions_decodes_like_the_torch_path_on_any_thread_count(
         tmp_path, heads, kv_heads, head_dim, monkeypatch):
     """A token's attention reads each KV head's cache in runs of positions (one per 256, step.c's
     ATT_RUN), 64 positions a block, and merges the runs. 600 positions: one run, two, three; (KV head, run)
     units fewer than, as many as and more than the threads; partial blocks and lanes; a head size with a
-    scalar tail (12). On 1, 2 and 3 threads the logits are the same to the bit (the runs do not depend on
+    scalar tail (12), and one whose values are summed 32 columns at a time, then 8 (40). On 1, 2 and 3 threads the logits are the same to the bit (the runs do not depend on
     the thread count), and the torch path's to 1e-4."""
     make_checkpoint(tmp_path, seed=10, **dict(ALIGNED, num_attention_heads=heads, num_key_value_heads=kv_heads,
                                               head_dim=head_dim, hybrid_override_pattern="*M*-"))

@@ -529,6 +529,18 @@ static void attend(const float *q, int64_t KV, int64_t g, int64_t r, int64_t hd,
             }
             u[1] += sum8(l);
             int64_t j = 0;
+            for (; j + 32 <= hd; j += 32) { /* the loop below for four column vectors at once: eight chains */
+                __m256 a[4][2];
+                for (int c = 0; c < 4; c++) a[c][0] = _mm256_loadu_ps(acc + j + 8 * c), a[c][1] = _mm256_setzero_ps();
+                for (int64_t t = 0; t < n8; t += 2) {
+                    const __m256 w0 = _mm256_set1_ps(w[t]), w1 = _mm256_set1_ps(w[t + 1]);
+                    for (int c = 0; c < 4; c++) {
+                        a[c][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v[t] + j + 8 * c), a[c][0]);
+                        a[c][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v[t + 1] + j + 8 * c), a[c][1]);
+                    }
+                }
+                for (int c = 0; c < 4; c++) _mm256_storeu_ps(acc + j + 8 * c, _mm256_add_ps(a[c][0], a[c][1]));
+            }
             for (; j + 8 <= hd; j += 8) { /* two sums a column, even and odd positions: half the chain */
                 __m256 a0 = _mm256_loadu_ps(acc + j), a1 = _mm256_setzero_ps();
                 for (int64_t t = 0; t < n8; t += 2) {
