@@ -263,8 +263,9 @@ def test_attention_read_in_runs_of_positions_decodes_like_the_torch_path_on_any_
     """A token's attention reads each KV head's cache in runs of positions (one per 256, step.c's
     ATT_RUN), 64 positions a block, and merges the runs. 600 positions: one run, two, three; (KV head, run)
     units fewer than, as many as and more than the threads; partial blocks and lanes; a head size with a
-    scalar tail (12), and one whose values are summed 32 columns at a time, then 8 (40). On 1, 2 and 3 threads the logits are the same to the bit (the runs do not depend on
-    the thread count), and the torch path's to 1e-4."""
+    scalar tail (12), and one whose values are summed 32 columns at a time, then 8 (40). On 1, 2 and 3
+    threads the logits are the same to the bit (the runs do not depend on the thread count), and the torch
+    path's to 1e-4."""
     make_checkpoint(tmp_path, seed=10, **dict(ALIGNED, num_attention_heads=heads, num_key_value_heads=kv_heads,
                                               head_dim=head_dim, hybrid_override_pattern="*M*-"))
     m = elastic_local.load(tmp_path)

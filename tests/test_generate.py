@@ -333,6 +333,24 @@ def test_a_phase_rate_counts_the_whole_step_not_only_the_forward(m, monkeypatch)
     assert len(r.answer_ids) == 6 and r.stats.answer_s >= 6 * 0.003
 
 
+def test_a_new_cache_s_allocation_is_charged_to_the_prefill_not_the_phase(m, monkeypatch):
+    """A budget's cache is allocated for the forward that fills it. On a stream's thread that took 3-8 ms
+    for the demo model (the thread's first parallel region, fresh pages), which the think phase's rate
+    carried: `generate` printed think 3600 tok/s against answer 8100. A 0.2 s allocation must count as
+    prefill, after a prompt of several tokens (a catch-up) and after one token (a plain decode step)."""
+    new_cache = type(m).new_cache
+
+    def slow(self, *args, **kwargs):
+        time.sleep(0.2)
+        return new_cache(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(m), "new_cache", slow)
+    prompt = m.chat_prompt("x", think=False)
+    for p in (prompt, prompt[:1]):
+        st = m.generate(p, max_answer_tokens=3, ignore_eos=True).stats
+        assert st.answer_tokens == 3 and st.prefill_s >= 0.2 and st.answer_s < 0.2
+
+
 def test_prompts_as_tensors_and_errors(m):
     prompt = m.chat_prompt("x", think=False)
     r = m.generate(torch.tensor(prompt), max_answer_tokens=2, ignore_eos=True)

@@ -76,7 +76,8 @@ class CacheSet:
     def advance(self, budget: str, positions: list[int], seqs: list[list[int]], capacity: int,
                 transplant_ok: list[bool]) -> tuple[torch.Tensor, list[float], list[Caught | None]]:
         """Next-token logits [n, V] from `budget` of the rows at `positions` (their tokens: `seqs`), the
-        seconds each row's forward took, and a Caught for each row that consumed more than one token.
+        seconds each row's forward took (with the allocation of a cache made for it), and a Caught for each
+        row that consumed more than one token.
         A forward stopped half-way (an error, an interrupt) leaves no usable cache: it is dropped."""
         try:
             return self._advance(budget, positions, seqs, capacity, transplant_ok)
@@ -86,11 +87,14 @@ class CacheSet:
 
     def _advance(self, budget: str, positions: list[int], seqs: list[list[int]], capacity: int,
                  transplant_ok: list[bool]) -> tuple[torch.Tensor, list[float], list[Caught | None]]:
+        t = time.perf_counter()
         cache = self._cache(budget, seqs[0], capacity)
+        # a new cache's allocation is part of the forward that fills it: its row's prefill (several ms on
+        # a stream's thread, whose first parallel region and fresh pages the zeroing pays for), not its phase
+        made = time.perf_counter() - t
         gaps = [len(s) - cache.lengths[p] for s, p in zip(seqs, positions)]
         assert min(gaps) >= 1, "a cache consumed tokens its row does not have"
         if max(gaps) == 1:  # every row one token behind (decoding): one batched step, its logits as they come
-            t = time.perf_counter()
             out = self._decode(budget, positions, [s[-1] for s in seqs])
             return out, [time.perf_counter() - t] * len(seqs), [None] * len(seqs)
         logits: list[torch.Tensor | None] = [None] * len(positions)
@@ -105,7 +109,7 @@ class CacheSet:
             t = time.perf_counter()
             logits[j], ran, transplanted = self._catch_up(budget, positions[j], seqs[j], transplant_ok[j])
             end = time.perf_counter()
-            seconds[j] = end - t
+            seconds[j] = end - t + made
             caught[j] = Caught(ran, transplanted, end)
         decoding = [j for j, g in enumerate(gaps) if g == 1]
         if decoding:

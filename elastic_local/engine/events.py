@@ -69,7 +69,7 @@ class Stats:
 
     def line(self) -> str:
         """One human line: prompt, each phase (tokens, tokens/s, budgets), catch-up cost."""
-        parts = [f"prompt {self.prompt_tokens} tok ({self.prefill_tokens} run, {self.prefill_s:.2f} s)"]
+        parts = [f"prompt {self.prompt_tokens} tok ({self.prefill_tokens} run, {self.prefill_s:.3f} s)"]
         for phase in ("think", "answer"):
             n, s = getattr(self, f"{phase}_tokens"), getattr(self, f"{phase}_s")
             budgets = "->".join(getattr(self, f"{phase}_budgets")) or "-"
