@@ -377,11 +377,11 @@ def test_stream_errors_reach_the_consumer_and_dropped_streams_cancel(m, monkeypa
     monkeypatch.undo()
     at_a_real_models_pace(m, monkeypatch)  # 500 tokens must outlast the collection
     s = m.stream(m.chat_prompt("long"), max_think_tokens=500, ignore_eos=True)
-    gen, worker = s.generation, s._thread
+    gen, finished = s.generation, s._finished
     del s
     gc.collect()
     assert gen._cancel.is_set()
-    worker.join()  # it stops at the next token
+    assert finished.wait(timeout=10)  # it stops at the next token
     assert gen.rows[0].finish_reason == "cancelled"
 
 

@@ -1,17 +1,20 @@
-"""Streaming: a generation run on a background thread, its events handed over in batches (`Handover`).
+"""Streaming: a generation run on the engine's thread, its events handed over in batches (`Handover`).
 
-The thread only runs `Generation.run()`; switching and cancelling go straight to the generation, which
-checks them before every step, so they work from any thread at any time.
+The thread only runs `Generation.run()`, one stream's after another; switching and cancelling go
+straight to the generation, which checks them before every step, so they work from any thread at any
+time.
 """
 
 from __future__ import annotations
 
 import math
+import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 from ..model import gemv
 from .events import Done, Event, Result, Token
@@ -58,9 +61,50 @@ class Handover:
         return events
 
 
-def _produce(generation: Generation, out: Handover, on_done) -> None:
-    """The background thread: run the generation, hand every event over. It holds no reference to the
-    Stream, so a Stream dropped by its consumer is collected, and cancels its generation."""
+class _Engine:
+    """The one thread that runs every stream's generation, one after another.
+
+    Why one thread for all, not one per stream: libgomp (the OpenMP runtime of torch and of the decode
+    step) keeps a team of worker threads for each thread that runs parallel regions, and a team taken
+    down on one thread (a finished stream's thread exiting) followed by a new team on another costs about
+    7 ms here: libgomp spins out its 300,000-turn wait (GOMP_SPINCOUNT=1000 removes it). A thread per
+    stream paid that before every reply's first token: 9-16 ms for the demo model in a chat, against
+    3-4 on one thread (README, "A reply's first token on the engine's thread"). The thread gives its own
+    team back after each generation, which costs it 0.5 ms at the next, so that an idle team does not
+    slow a generation on another thread (gemv.release_threads)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
+    def run(self, job) -> None:
+        """Run `job()` on the engine's thread after the jobs before it (started on first use)."""
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="elastic-generate", daemon=True)
+                self._thread.start()
+        self._jobs.put(job)
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                job()
+            finally:
+                gemv.release_threads()
+
+
+ENGINE = _Engine()
+
+
+def _produce(generation: Generation, out: Handover, on_done, finished: threading.Event) -> None:
+    """A stream's job on the engine's thread: run the generation, hand every event over. It holds no
+    reference to the Stream, so a Stream dropped by its consumer is collected, and cancels its generation."""
     try:
         for ev in generation.run():
             if isinstance(ev, Done) and on_done is not None:
@@ -70,12 +114,13 @@ def _produce(generation: Generation, out: Handover, on_done) -> None:
         out.put(_Failure(e))
     finally:
         out.put(_END)
+        finished.set()
 
 
 class Stream:
-    """Events of a generation that runs on a background thread. Iterate to receive them (one consumer);
-    `switch` and `cancel` work from any thread at any time; `results()` waits for the end. Leaving a
-    `with` block, or dropping the stream, cancels what is left.
+    """Events of a generation that runs on the engine's thread (after the streams started before it).
+    Iterate to receive them (one consumer); `switch` and `cancel` work from any thread at any time;
+    `results()` waits for the end. Leaving a `with` block, or dropping the stream, cancels what is left.
 
         with m.stream(ids, think_budget="small") as s:
             for ev in s:
@@ -87,10 +132,9 @@ class Stream:
         self._handover, self._taken = Handover(), deque()
         self._results: list[Result] | None = None
         self._drained = False
-        self._thread = threading.Thread(target=_produce, args=(generation, self._handover, on_done),
-                                        name="elastic-generate", daemon=True)
-        gemv.release_threads()  # the generation's thread is to be the one OpenMP team (gemv.release_threads)
-        self._thread.start()
+        self._finished = threading.Event()
+        gemv.release_threads()  # the engine's thread is to lead the one OpenMP team (gemv.release_threads)
+        ENGINE.run(partial(_produce, generation, self._handover, on_done, self._finished))
 
     def __iter__(self) -> Iterator[Event]:
         while not self._drained:
@@ -115,12 +159,12 @@ class Stream:
 
     @property
     def done(self) -> bool:
-        return not self._thread.is_alive()
+        return self._finished.is_set()
 
     def results(self) -> list[Result]:
         for _ in self:
             pass
-        self._thread.join()
+        self._finished.wait()
         if self._results is None:
             raise RuntimeError("the generation failed before it finished")
         return self._results
@@ -134,7 +178,7 @@ class Stream:
 
     def __exit__(self, *exc) -> None:
         self.cancel()
-        self._thread.join()
+        self._finished.wait()
 
     def __del__(self) -> None:
         self.generation.cancel()
