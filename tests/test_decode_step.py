@@ -308,7 +308,6 @@ def test_a_step_gives_the_same_bits_on_any_thread_count(nested):
         torch.set_num_threads(before)
 
 
-
 @pytest.mark.parametrize("conv_kernel", [3, 4])
 def test_the_convolution_s_vector_and_scalar_channels_decode_like_transformers_and_the_torch_path(
         tmp_path, conv_kernel, threads, monkeypatch):
