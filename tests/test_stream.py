@@ -12,6 +12,7 @@ from test_cpu_gemv import X86
 import elastic_local
 from elastic_local.engine import stream
 from elastic_local.engine.events import Done, Token
+from elastic_local.engine.generate import Generation, Request
 from elastic_local.engine.stream import Handover
 from elastic_local.model import gemv
 
@@ -102,3 +103,20 @@ def test_a_consumer_that_stops_early_still_gets_the_rest_and_the_results():
     assert not reader.is_alive(), "the stream lost the events after the first"
     tokens = [ev.id for ev in [first, *rest] if isinstance(ev, Token)]
     assert isinstance(rest[-1], Done) and tokens == s.result.ids[len(prompt):]
+
+
+def test_a_stream_waited_for_on_the_engine_s_own_thread_is_refused_not_left_waiting():
+    """Streams run one after another on the engine's thread: a generation's callback there that waits
+    for another stream would wait forever (it runs after the generation that waits). Starting one there
+    is fine: it runs next."""
+    m = elastic_local.load()
+    prompt = m.chat_prompt("What is 2 + 2?")
+    started = []
+    s = stream.Stream(Generation(m, [prompt], Request(max_answer_tokens=2)),
+                      on_done=lambda results: m.stream(prompt, max_answer_tokens=2).results())
+    with pytest.raises(RuntimeError, match="engine's own thread"):
+        s.results()
+    s = stream.Stream(Generation(m, [prompt], Request(max_answer_tokens=2)),
+                      on_done=lambda results: started.append(m.stream(prompt, max_answer_tokens=2)))
+    s.results()
+    assert started[0].result.finish_reason == "answer_limit"

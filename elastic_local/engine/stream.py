@@ -137,6 +137,7 @@ class Stream:
         ENGINE.run(partial(_produce, generation, self._handover, on_done, self._finished))
 
     def __iter__(self) -> Iterator[Event]:
+        self._not_from_the_engine()
         while not self._drained:
             if not self._taken:  # kept on the stream: a consumer that stops mid-batch loses none of it
                 self._taken.extend(self._handover.take())
@@ -178,7 +179,15 @@ class Stream:
 
     def __exit__(self, *exc) -> None:
         self.cancel()
+        self._not_from_the_engine()
         self._finished.wait()
+
+    def _not_from_the_engine(self) -> None:
+        """Waiting for a stream on the engine's own thread (a generation's callback) would wait forever: the
+        stream runs after the generation that waits."""
+        if threading.current_thread() is ENGINE.thread and not self._finished.is_set():
+            raise RuntimeError("a stream was read or waited for on the engine's own thread (from a generation's "
+                               "callback), where it cannot run until that generation ends; read it elsewhere")
 
     def __del__(self) -> None:
         self.generation.cancel()
