@@ -120,3 +120,20 @@ def test_a_stream_waited_for_on_the_engine_s_own_thread_is_refused_not_left_wait
                       on_done=lambda results: started.append(m.stream(prompt, max_answer_tokens=2)))
     s.results()
     assert started[0].result.finish_reason == "answer_limit"
+
+
+def test_a_stream_runs_with_the_thread_count_of_the_thread_that_started_it():
+    """torch keeps a thread count per thread, and the engine's thread outlives a `torch.set_num_threads`
+    on another: each stream takes its starter's."""
+    m = elastic_local.load()
+    prompt = m.chat_prompt("What is 2 + 2?")
+    seen = []
+    before = torch.get_num_threads()
+    try:
+        for n in (1, 3, 2):
+            torch.set_num_threads(n)
+            stream.Stream(Generation(m, [prompt], Request(max_answer_tokens=2)),
+                          on_done=lambda results: seen.append(torch.get_num_threads())).results()
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1, 3, 2]
