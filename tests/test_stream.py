@@ -122,18 +122,24 @@ def test_a_stream_waited_for_on_the_engine_s_own_thread_is_refused_not_left_wait
     assert started[0].result.finish_reason == "answer_limit"
 
 
-def test_a_stream_runs_with_the_thread_count_of_the_thread_that_started_it():
-    """torch keeps a thread count per thread, and the engine's thread outlives a `torch.set_num_threads`
-    on another: each stream takes its starter's."""
+def test_a_stream_runs_with_the_thread_count_and_float_mode_of_the_thread_that_started_it():
+    """torch keeps a thread count and a floating-point mode per thread, and the engine's thread outlives a
+    `torch.set_num_threads` or `torch.set_flush_denormal` on another: each stream takes its starter's."""
     m = elastic_local.load()
     prompt = m.chat_prompt("What is 2 + 2?")
     seen = []
+
+    def look(results) -> None:  # on the engine's thread
+        seen.append((torch.get_num_threads(), (torch.tensor([1e-39]) * 1.0).item() == 0.0))
+
     before = torch.get_num_threads()
+    flushing = X86 and gemv.library() is not None and torch.set_flush_denormal(False)
     try:
-        for n in (1, 3, 2):
+        for n, flush in ((1, False), (3, flushing), (2, False)):
             torch.set_num_threads(n)
-            stream.Stream(Generation(m, [prompt], Request(max_answer_tokens=2)),
-                          on_done=lambda results: seen.append(torch.get_num_threads())).results()
+            torch.set_flush_denormal(flush)
+            stream.Stream(Generation(m, [prompt], Request(max_answer_tokens=2)), on_done=look).results()
     finally:
         torch.set_num_threads(before)
-    assert seen == [1, 3, 2]
+        torch.set_flush_denormal(False)
+    assert seen == [(1, False), (3, flushing), (2, False)]

@@ -104,14 +104,16 @@ class _Engine:
 ENGINE = _Engine()
 
 
-def _produce(generation: Generation, out: Handover, on_done, finished: threading.Event, threads: int) -> None:
-    """A stream's job on the engine's thread: run the generation with the thread count of the thread that
-    started it (torch keeps one per thread, and this thread outlives a `torch.set_num_threads` elsewhere),
-    hand every event over. It holds no reference to the Stream, so a Stream dropped by its consumer is
-    collected, and cancels its generation."""
+def _produce(generation: Generation, out: Handover, on_done, finished: threading.Event, threads: int,
+             float_mode: int | None) -> None:
+    """A stream's job on the engine's thread: run the generation with the thread count and floating-point
+    mode of the thread that started it (torch keeps both per thread, and this thread outlives a
+    `torch.set_num_threads` or `torch.set_flush_denormal` elsewhere), hand every event over. It holds no
+    reference to the Stream, so a Stream dropped by its consumer is collected, and cancels its generation."""
     try:
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
+        gemv.set_float_mode(float_mode)
         for ev in generation.run():
             if isinstance(ev, Done) and on_done is not None:
                 on_done(ev.results)
@@ -140,7 +142,8 @@ class Stream:
         self._drained = False
         self._finished = threading.Event()
         gemv.release_threads()  # the engine's thread is to lead the one OpenMP team (gemv.release_threads)
-        ENGINE.run(partial(_produce, generation, self._handover, on_done, self._finished, torch.get_num_threads()))
+        ENGINE.run(partial(_produce, generation, self._handover, on_done, self._finished, torch.get_num_threads(),
+                           gemv.float_mode()))
 
     def __iter__(self) -> Iterator[Event]:
         self._not_from_the_engine()

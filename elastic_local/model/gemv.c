@@ -758,3 +758,12 @@ int release_threads(void) {
     return 0;
 #endif
 }
+
+/* The calling thread's floating-point mode (MXCSR: flush-to-zero, denormals-are-zero, rounding), and
+   setting it: a thread that generates for another takes that one's (model/gemv.py, float_mode). */
+int float_mode(void) { return (int)_mm_getcsr(); }
+
+int set_float_mode(int mode) {
+    _mm_setcsr((unsigned int)mode);
+    return 0;
+}

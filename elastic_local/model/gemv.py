@@ -64,6 +64,8 @@ _SIGNATURES = {
     "ssm_scan": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _C],
     "experts_prefill": [_P, _I, _I, _P, _P, _I, _I, _P, _P, _I, _P, _C],
     "release_threads": [],
+    "float_mode": [],
+    "set_float_mode": [_C],
 }
 
 
@@ -191,6 +193,18 @@ def release_threads() -> None:
     a new team (tens of microseconds). Only where the kernels are loaded: they are what a decode step runs."""
     if _library:
         _library.release_threads()
+
+
+def float_mode() -> int | None:
+    """The calling thread's floating-point mode (x86's MXCSR: torch.set_flush_denormal sets it, for its own
+    thread only), or None where the kernels are not loaded. A thread that generates for another sets it
+    with `set_float_mode` (stream.py's engine thread: new threads inherit it, a long-lived one does not)."""
+    return _library.float_mode() if _library else None
+
+
+def set_float_mode(mode: int | None) -> None:
+    if mode is not None and _library:
+        _library.set_float_mode(mode)
 
 
 def serves(device: torch.device, rows: int, max_rows: int = MAX_ROWS) -> bool:
