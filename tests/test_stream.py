@@ -57,20 +57,22 @@ def test_a_token_that_woke_no_one_still_arrives():
     assert not consumer.is_alive() and [ev.id for ev in got] == [0, 1]
 
 
+def threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def settles(expected, timeout: float = 5.0) -> bool:
+    end = time.monotonic() + timeout
+    while threads() != expected and time.monotonic() < end:
+        time.sleep(0.01)
+    return threads() == expected
+
+
 @pytest.mark.skipif(not (X86 and os.path.isdir("/proc/self/task")), reason="Linux, the C kernels")
 def test_a_thread_gives_its_openmp_workers_back_before_a_stream_and_after_a_load():
     """libgomp keeps a team of workers for every thread that has run a parallel region and, once they
     outnumber the cores, stops spinning at barriers (a decode step's 23 barriers then cost 5x). The
     workers are OS threads: they leave when the thread that led them gives them back."""
-    def threads() -> int:
-        return len(os.listdir("/proc/self/task"))
-
-    def settles(expected, timeout: float = 5.0) -> bool:
-        end = time.monotonic() + timeout
-        while threads() != expected and time.monotonic() < end:
-            time.sleep(0.01)
-        return threads() == expected
-
     assert gemv.library() is not None, "the CPU decode kernels did not build: nothing here would run"
     before = torch.get_num_threads()
     torch.set_num_threads(3)
@@ -84,6 +86,26 @@ def test_a_thread_gives_its_openmp_workers_back_before_a_stream_and_after_a_load
         s.results()
         # given back when the stream started; the engine's thread stays (one more the first time), its own
         # given back after the generation
+        assert settles(alone + (0 if engine else 1))
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="Linux")
+def test_without_the_kernels_threads_give_torch_s_openmp_workers_back(monkeypatch):
+    """Without the kernels' library (another CPU, no C compiler) torch's parallel work still leaves teams,
+    and the engine's thread outlives its generations: both are given back through the libgomp torch
+    loaded."""
+    monkeypatch.setattr(gemv, "_library", None)
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        m = elastic_local.load()
+        alone = threads()
+        torch.ones(1 << 20).add_(1)  # a parallel region on this thread: its team
+        assert settles(alone + 2)
+        engine = stream.ENGINE.thread is not None and stream.ENGINE.thread.is_alive()
+        m.stream(m.chat_prompt("What is 2 + 2?"), max_think_tokens=4, max_answer_tokens=4).results()
         assert settles(alone + (0 if engine else 1))
     finally:
         torch.set_num_threads(before)

@@ -18,6 +18,7 @@ float32 rounding: the kernels sum in another order).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -190,9 +191,30 @@ def release_threads() -> None:
     (its barriers are step.c's own and keep spinning): the demo's C step took 148-172 us on a Stream's
     thread beside a kept team against 102-110 on the main thread, and, with OpenMP's barriers before,
     451-492 (README, "The decode step's own barrier"). The calling thread's next parallel region starts
-    a new team (tens of microseconds). Only where the kernels are loaded: they are what a decode step runs."""
+    a new team (tens of microseconds). Without the kernels, through the libgomp torch loaded: torch's own
+    parallel work leaves teams too, and stream.py's engine thread outlives its generations."""
     if _library:
         _library.release_threads()
+    elif (omp := _openmp()) is not None:
+        omp.omp_pause_resource_all(1)  # omp_pause_soft
+
+
+@functools.cache
+def _openmp() -> ctypes.CDLL | None:
+    """The libgomp this process loaded (torch's, on Linux), found in /proc/self/maps; None elsewhere."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps if "/libgomp" in line})
+    except OSError:
+        return None
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+            lib.omp_pause_resource_all.argtypes, lib.omp_pause_resource_all.restype = [ctypes.c_int], ctypes.c_int
+            return lib
+        except (OSError, AttributeError):  # not loadable, or older than OpenMP 5.0's call (gcc 9)
+            continue
+    return None
 
 
 def float_mode() -> int | None:
