@@ -32,7 +32,7 @@ def worker(path: str | None, side: str, streams: int) -> dict:
     class ThreadPerStream:
         thread = None  # no engine thread to refuse waits on
 
-        def run(self, job) -> None:
+        def run(self, job, cancel) -> None:
             threading.Thread(target=job, name="elastic-generate", daemon=True).start()
 
     if side == "thread":
