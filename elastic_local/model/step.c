@@ -357,16 +357,21 @@ static void conv_channels(const mamba *L, float *conv, float *xbc, int64_t c0, i
     silu_into(xbc + c0, NULL, c1 - c0);
 }
 
+/* RMSNorm, in place, of group g of a rank-major row y of `groups` groups: the r runs of p channels
+   (q groups + g) p, q < r, scaled by w at the same channels (Mamba2's gated norm; groups 1 and r 1 make
+   the plain RMSNorm of p channels). The decode step and norm_rows share it, so a prompt's norm and a
+   token's sum in the same order. */
+static void norm_group(float *y, const float *w, int64_t groups, int64_t p, int64_t r, int64_t g, float eps) {
+    float ss = 0.f;
+    for (int64_t q = 0; q < r; q++) ss += sum_squares(y + (q * groups + g) * p, p);
+    const float rs = 1.f / sqrtf(ss / (float)(r * p) + eps);
+    for (int64_t q = 0; q < r; q++)
+        for (int64_t i = (q * groups + g) * p; i < (q * groups + g + 1) * p; i++) y[i] = w[i] * (y[i] * rs);
+}
+
 /* Gated RMSNorm of group g's r heads (q * G + g, rank-major) in y. */
 static void group_norm(const mamba *L, float *y, int64_t g) {
-    const int64_t G = L->groups, p = L->head_dim, r = L->heads / G;
-    float ss = 0.f;
-    for (int64_t q = 0; q < r; q++) ss += sum_squares(y + (q * G + g) * p, p);
-    const float rs = 1.f / sqrtf(ss / (float)(r * p) + L->eps);
-    for (int64_t q = 0; q < r; q++) {
-        const int64_t c0 = (q * G + g) * p;
-        for (int64_t i = 0; i < p; i++) y[c0 + i] = L->gate_norm[c0 + i] * (y[c0 + i] * rs);
-    }
+    norm_group(y, L->gate_norm, L->groups, L->head_dim, L->heads / L->groups, g, L->eps);
 }
 
 static int64_t mamba_scratch(const mamba *L) {
@@ -779,7 +784,7 @@ int decode_token(const step *s, int64_t token, int64_t pos, float *logits, int t
    groups of a rank-major row: group g holds the p-channel runs (q groups + g) p, as Mamba2's gated norm
    has them; groups 1, p width is the plain RMSNorm. With z [rows, width] (rows ldz apart; NULL: none),
    x is gated first, x silu(z), as Mamba2 gates before its norm. The decode step's arithmetic (silu_into,
-   rms_norm, group_norm), rows shared among the threads. torch runs a norm as six ops over the whole
+   norm_group), rows shared among the threads. torch runs a norm as six ops over the whole
    prompt (pow, mean, add, rsqrt, two muls) and the gate as two more: about 5% of a 30m / 100m prompt
    (scratch, README). */
 void norm_rows(const float *x, const float *z, int64_t ldz, const float *w, float *out, int64_t rows,
@@ -790,13 +795,7 @@ void norm_rows(const float *x, const float *z, int64_t ldz, const float *w, floa
         float *o = out + t * width;
         memcpy(o, x + t * width, sizeof(float) * width);
         if (z) silu_into(o, z + t * ldz, width); /* o = x silu(z) */
-        for (int64_t g = 0; g < groups; g++) {
-            float ss = 0.f;
-            for (int64_t q = 0; q < r; q++) ss += sum_squares(o + (q * groups + g) * p, p);
-            const float rs = 1.f / sqrtf(ss / (float)(r * p) + eps);
-            for (int64_t q = 0; q < r; q++)
-                for (int64_t i = (q * groups + g) * p; i < (q * groups + g + 1) * p; i++) o[i] = w[i] * (o[i] * rs);
-        }
+        for (int64_t g = 0; g < groups; g++) norm_group(o, w, groups, p, r, g, eps);
     }
 }
 
