@@ -156,9 +156,11 @@ def test_a_step_without_scratch_memory_says_so_and_leaves_the_cache_length(neste
     with torch.no_grad():
         net.forward(torch.tensor([[1, 2, 3]]), cache=cache)
         c_step = net._c_step(cache)
-        c_step.lib = SimpleNamespace(decode_token=lambda *args: -1)
+        c_step.lib = SimpleNamespace(decode_token=lambda *args: -1, decode_greedy=lambda *args: -1)
         with pytest.raises(MemoryError, match="decode step's scratch buffer at position 3.*free memory"):
             net.decode_token(4, cache)
+        with pytest.raises(MemoryError, match="decode step's scratch buffer at position 3.*free memory"):
+            net.decode_greedy(4, cache, 8, ())
         assert cache.lengths == [3]
 
 
@@ -337,3 +339,65 @@ def test_the_convolution_s_vector_and_scalar_channels_decode_like_transformers_a
     assert isinstance(m.net.c_steps[three], step.DecodeStep)
     assert torch.equal(got, want)
     torch.testing.assert_close(got_logits, want_logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["all_kinds", "one_chunk_mha"])
+def test_greedy_tokens_in_one_call_are_transformers_argmax_and_each_steps(tmp_path, name, threads):
+    """`decode_greedy` (many tokens in one C call, the engine's run ahead) against transformers' logits of
+    the whole sequence it wrote, and token for token against a decode_token step each."""
+    hf = make_checkpoint(tmp_path, seed=4, **CONFIGS[name])
+    net = elastic_local.load(tmp_path).net
+    prompt = torch.randint(0, 96, (1, 6), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        caches = [net.new_cache(capacity=8), net.new_cache(capacity=8)]  # the K / V caches grow on the way
+        first = [int(net.forward(prompt, cache=c, last_only=True)[0, -1].argmax()) for c in caches][0]
+        got = net.decode_greedy(first, caches[0], 70, ())
+        want, tok = [], first
+        for _ in range(70):
+            tok = int(net.decode_token(tok, caches[1]).argmax())
+            want.append(tok)
+    assert got == want and caches[0].lengths == caches[1].lengths == [6 + 70]
+    ids = torch.cat([prompt, torch.tensor([[first] + got])], dim=1)
+    top = hf_logits(hf, ids)[0, 5:-1].topk(2)
+    clear = (top.values[:, 0] - top.values[:, 1]) > 1e-4  # near-ties may round either way
+    assert clear.sum() >= 60
+    assert torch.equal(top.indices[clear, 0], ids[0, 6:][clear])
+
+
+def test_greedy_stops_at_a_stop_token_and_at_a_halt(nested):
+    net = elastic_local.load(nested).net
+    with torch.inference_mode():
+        cache = net.new_cache()
+        net.forward(torch.tensor([[1, 2, 3]]), cache=cache)
+        free = net.decode_greedy(4, cache, 30, ())
+        stop = free[12]
+        cache = net.new_cache()
+        net.forward(torch.tensor([[1, 2, 3]]), cache=cache)
+        got = net.decode_greedy(4, cache, 30, (95, stop))
+        assert got == free[: free.index(stop) + 1] and cache.lengths == [3 + len(got)]
+        halt = torch.ones(1, dtype=torch.int32)  # set by a switch or cancel from another thread
+        assert net.decode_greedy(got[-1], cache, 30, (), halt) == [free[len(got)]]
+        assert cache.lengths == [4 + len(got)]
+
+
+def test_greedy_takes_the_first_largest_logit_and_a_nan_as_numpy_does(tmp_path):
+    """The engine samples greedily with numpy's argmax (the first maximum, a NaN counted largest); a run
+    ahead in C must pick the same token."""
+    from elastic_local.engine.sampling import Sampling, sample
+
+    hf = make_checkpoint(tmp_path, seed=5)
+    ids = torch.tensor([[1, 2, 3, 5]])
+    head = hf.lm_head.weight.data
+    best = head[int(hf_logits(hf, ids)[0, -1].argmax())].clone()
+    head[20] = head[30] = 2 * best  # tied for the largest logit after `ids`: token 20 before 30
+    for nan, expect in ((None, [20]), (41, [41] * 4)):
+        if nan is not None:
+            head[nan] = float("nan")  # every logit of token 41 NaN
+        hf.save_pretrained(tmp_path)
+        net = elastic_local.load(tmp_path).net
+        with torch.inference_mode():
+            caches = [net.new_cache(), net.new_cache()]
+            for c in caches:
+                net.forward(ids[:, :3], cache=c)
+            assert sample(net.decode_token(5, caches[0]), Sampling()) == expect[:1]
+            assert net.decode_greedy(5, caches[1], len(expect), ()) == expect

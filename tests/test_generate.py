@@ -409,3 +409,108 @@ def test_rows_join_a_running_generation_and_match_their_runs_alone(m):
     for i, (p, req) in enumerate(zip(prompts, reqs)):
         assert finished[i].ids == Generation(m, [p], req).collect()[0].ids
     assert finished[1].stats.think_budgets == ["small"] and finished[2].stats.answer_budgets == ["small"]
+
+
+def runs_ahead(m, monkeypatch) -> list[int]:
+    """The length of every run ahead the engine makes from here on (CacheSet.run_ahead), with no time limit
+    on one: on a slow or busy machine a token could take longer than RUN_AHEAD_S and none would run."""
+    from elastic_local.engine import generate
+    from elastic_local.engine.cacheset import CacheSet
+
+    lengths: list[int] = []
+
+    def record(self, *args, _run=CacheSet.run_ahead):
+        out = _run(self, *args)
+        if out is not None:
+            lengths.append(len(out))
+        return out
+
+    monkeypatch.setattr(CacheSet, "run_ahead", record)
+    monkeypatch.setattr(generate, "RUN_AHEAD_S", 1.0)
+    return lengths
+
+
+def renamed_think_end(m, prompt):
+    """`m` with one of the tokens it thinks in taken for `</think>`, so that it closes thinking itself."""
+    _, [free] = run(m, [prompt], max_think_tokens=12, max_answer_tokens=1, ignore_eos=True)
+    sp = m.specials
+
+    class Renamed(type(m)):
+        specials = Specials(sp.think_start, free.think_ids[9], sp.eos)
+
+    return Renamed(m.net, m._budgets, m.path, m.tokenizer)
+
+
+@pytest.mark.parametrize("case", ["think budget", "model closes thinking", "stop id in thinking",
+                                  "stop id in the answer", "stop string", "answer limit"])
+def test_a_run_ahead_gives_each_token_text_and_end_of_a_step_a_token(m, monkeypatch, case):
+    """A lone greedy row runs ahead in C (`run(ahead=True)`: collect, streams) up to the next decision only
+    its Row can make; the events and results must be those of one step a token."""
+    prompt = m.chat_prompt("ahead")
+    opts = dict(max_think_tokens=30, max_answer_tokens=30, ignore_eos=True, think_close=CLOSE,
+                think_budget="small", answer_budget="full")
+    model, [free] = m, run(m, [prompt], **opts)[1]
+    if case == "model closes thinking":
+        model, opts["max_think_tokens"] = renamed_think_end(m, prompt), None
+    elif case == "stop id in thinking":
+        opts["stop_ids"], opts["max_think_tokens"] = (free.think_ids[17],), None
+    elif case == "stop id in the answer":
+        opts["stop_ids"] = (free.answer_ids[11],)
+    elif case == "stop string":
+        opts["stop"] = [free.answer_text[12:15]]
+    elif case == "answer limit":
+        prompt, opts["max_answer_tokens"] = m.chat_prompt("ahead", think=False), 57
+
+    def tokens(events):
+        return [(e.id, e.text, e.phase, e.budget, e.forced) for e in events if isinstance(e, Token)]
+
+    def ends(r):
+        st = r.stats
+        return (r.ids, r.think_text, r.answer_text, r.finish_reason, r.finish_phase, r.think_end,
+                st.think_tokens, st.answer_tokens, st.think_inserted, st.think_budgets, st.answer_budgets)
+
+    step_by_step = list(Generation(model, [prompt], Request(**opts)).run())
+    lengths = runs_ahead(m, monkeypatch)
+    ahead = list(Generation(model, [prompt], Request(**opts)).run(ahead=True))
+    assert tokens(ahead) == tokens(step_by_step)
+    assert ends(ahead[-1].results[0]) == ends(step_by_step[-1].results[0])
+    assert (ahead[-1].results[0].finish_reason == "stop") == case.startswith("stop")
+    assert lengths and max(lengths) >= 8, lengths  # it did run ahead
+    if case != "stop string":  # an answer with stop strings is matched token by token
+        assert sum(lengths) >= len(tokens(ahead)) - 8
+    sampled = sampled_tokens(ahead, len(prompt))
+    assert assert_argmax(m, ahead[-1].results[0].ids, sampled) >= len(sampled) - 2
+
+
+@pytest.mark.parametrize("how", ["switch", "cancel"])
+def test_a_switch_or_cancel_from_another_thread_stops_a_run_ahead_at_its_token(m, monkeypatch, how):
+    """A stream's generation runs ahead by thousands of tokens here (no time limit); a switch or cancel
+    arriving in the middle of one must take effect at the next token, as it does a step a token."""
+    from elastic_local.engine.cacheset import CacheSet
+
+    lengths = runs_ahead(m, monkeypatch)
+    inside = threading.Event()
+    ran = CacheSet.run_ahead
+
+    def signal(self, *args):
+        inside.set()
+        return ran(self, *args)
+
+    monkeypatch.setattr(CacheSet, "run_ahead", signal)
+    prompt = m.chat_prompt("long")
+    opts = dict(think_budget="full", answer_budget="full", max_think_tokens=3000, max_answer_tokens=3,
+                ignore_eos=True, think_close=CLOSE)
+    s = m.stream(prompt, **opts)
+    assert inside.wait(timeout=30)
+    s.switch(think="small") if how == "switch" else s.cancel()
+    events = list(s)
+    r = events[-1].results[0]
+    assert lengths[0] < 3000 - 2  # stopped early
+    if how == "cancel":
+        assert r.finish_reason == "cancelled" and len(r.think_ids) < 3000
+        assert r.ids == Generation(m, [prompt], Request(**opts)).collect()[0].ids[: len(r.ids)]
+    else:
+        thinking = [e.budget for e in events if isinstance(e, Token) and e.phase == "think" and not e.forced]
+        first = thinking.index("small")
+        assert first < 3000 - 2 and set(thinking[first:]) == {"small"} and len(thinking) == 3000
+        assert assert_argmax(m, r.ids, sampled_tokens(events, len(prompt))) >= 2900

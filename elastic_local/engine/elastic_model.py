@@ -114,7 +114,8 @@ class ElasticModel:
     def generate(self, prompt_ids: Prompt | Sequence[Prompt], *, cancel: threading.Event | None = None,
                  **options) -> Result | list[Result]:
         """Generate for one prompt (ids) -> Result, or for several (a list of id lists, or [B, T]) ->
-        one Result each, decoded together. `cancel` (a threading.Event) stops it before the next token."""
+        one Result each, decoded together. `cancel` (a threading.Event) stops it before the next step: the
+        next token, or after a run of greedy tokens of at most RUN_AHEAD_S (generate.py)."""
         prompts, single = _prompts(prompt_ids)
         results = Generation(self, prompts, Request(**options), cancel=cancel).collect()
         return results[0] if single else results

@@ -6,7 +6,9 @@ Every sequence (a Row, phases.py) is in a phase, and the phase picks the budget 
 token; rows on the same budget decode together, each budget from its own cache (cacheset.py). Budget
 control lives in the rows (think token budget, answer limit, stop strings); a live switch
 (`Generation.switch`, from any thread) takes effect at the next token; cancel is checked before every
-step, and a step is never interrupted, so every cache always holds a prefix of its row.
+step, and a step is never interrupted, so every cache always holds a prefix of its row. A step may run a
+lone greedy row several tokens ahead in one call of the C decode step (`run(ahead=True)`), up to the next
+decision only its Row can make; a switch or cancel stops such a run at the token it arrives in.
 
 Rows may carry their own Request (budgets, limits, sampling, stops) and may join (`add`) and leave
 between steps: finished rows are dropped from every cache and, for a batch runner, handed out by
@@ -41,6 +43,12 @@ __all__ = ["Generation", "Request", "Specials"]
 # many positions; a larger limit (max_tokens 10**9, or a 256K context) grows them by doubling instead, so
 # memory follows the tokens actually generated, not the limit.
 PREALLOC_TOKENS = 32768
+
+# How far `run(ahead=True)` lets a lone greedy row run ahead of its events in one call (model.decode_greedy):
+# as many tokens as the last ones say fit in this time. On the demo model a token is 60-130 us, and the
+# Python around each step (the call, sampling, the loop) a fifth to a third of it (README, "Greedy tokens
+# ahead"); a model whose token takes longer than this runs one step a token, as before.
+RUN_AHEAD_S = 0.002
 
 
 def preallocated(capacity: int) -> int:
@@ -99,6 +107,9 @@ class Generation:
         self._inference = torch.inference_mode()  # one object: a new one a step cost 0.9 us more
         self._switch: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._halt = torch.zeros(1, dtype=torch.int32)  # set by switch / cancel: a run ahead stops at its token
+        self._ahead = False  # run(ahead=True)
+        self._token_s = 0.0  # the last decode step's seconds a token (0: none yet)
         self.t0 = time.perf_counter()
         self._default = self._compile(req)
         for p in prompts:
@@ -154,24 +165,32 @@ class Generation:
                 self.model.budget(name)
         with self._lock:
             self._switch.update({p: n for p, n in (("think", think), ("answer", answer)) if n is not None})
+        self._halt[0] = 1
 
     def cancel(self) -> None:
         self._cancel.set()
+        self._halt[0] = 1
 
     # ------------------------------------------------------------------------------------------ the loop
 
-    def run(self) -> Iterator[Event]:
+    def run(self, ahead: bool = False) -> Iterator[Event]:
+        """Events until every row is finished. With `ahead`, a lone greedy row may run up to RUN_AHEAD_S of
+        tokens in one step, their events yielded together after it: for consumers that do not act between
+        tokens (collect, a Stream, whose switch and cancel stop a run ahead at the token they arrive in;
+        a `cancel` Event set directly is seen after it). The tokens are the same either way."""
+        self._ahead = ahead
         try:
             yield from self._take_pending()
             while self.active:
                 yield from self.step()
         finally:
+            self._ahead = False
             if self.session is not None and self.rows:
                 self.states.retire(self.rows[0].ids)
         yield Done(self.results(), self._now())
 
     def collect(self) -> list[Result]:
-        *_, done = self.run()
+        *_, done = self.run(ahead=True)
         return done.results
 
     def _take_pending(self) -> list[Event]:
@@ -187,6 +206,7 @@ class Generation:
 
     def _step(self) -> list[Event]:
         start = time.perf_counter()
+        self._halt[0] = 0  # a switch or cancel from now on stops a run ahead
         events = self._take_pending()
         if self._cancel.is_set():
             for i in self.active:
@@ -194,6 +214,8 @@ class Generation:
             self.active = []
             return events
         events += self._apply_switch()
+        if self._ahead and len(self.active) == 1 and (ahead := self._run_ahead(start)) is not None:
+            return events + ahead
         groups: dict[str, list[int]] = {}  # budget -> positions in self.active
         for pos, i in enumerate(self.active):
             groups.setdefault(self.options[i].budget_of[self.rows[i].phase], []).append(pos)
@@ -219,6 +241,38 @@ class Generation:
                 row.stats.think_s += spent - prefill_s
             else:
                 row.stats.answer_s += spent - prefill_s
+        if len(took) == 1 and not any(caught):
+            self._token_s = spent
+        return events
+
+    def _run_ahead(self, start: float) -> list[Event] | None:
+        """The lone row's greedy tokens for RUN_AHEAD_S in one call, up to the next decision only its Row can
+        make (Row.run_ahead); None where one normal step runs instead (sampling, a budget catching up, a
+        token slower than RUN_AHEAD_S, no C step). Each token is its budget's argmax, as a step's would be."""
+        row = self.rows[self.active[0]]
+        opts = self.options[row.index]
+        n = int(RUN_AHEAD_S / self._token_s) if self._token_s else 0
+        if n < 2 or not opts.sampling.greedy:
+            return None
+        left, ends = row.run_ahead()
+        if min(n, left) < 2:
+            return None
+        budget, phase = opts.budget_of[row.phase], row.phase
+        tokens = self.states.run_ahead(budget, row.ids, min(n, left), ends, self._halt)
+        if tokens is None:
+            return None
+        self._account(row, budget, 0.0, None)
+        events: list[Event] = []
+        for tok in tokens:
+            assert not row.finished and row.phase == phase, "a run ahead went past its row's decision"
+            events += self._tokens(row, row.accept(tok), budget)
+        self._drop_finished()
+        spent = time.perf_counter() - start
+        if phase == "think":
+            row.stats.think_s += spent
+        else:
+            row.stats.answer_s += spent
+        self._token_s = spent / len(tokens)
         return events
 
     def _sample(self, logits: torch.Tensor, rows: list[Row]) -> list[int]:

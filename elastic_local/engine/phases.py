@@ -19,6 +19,7 @@ from .sampling import Sampling
 from .tokenizer import Tokenizer
 
 PHASES = ("think", "answer")
+UNLIMITED = 2**62  # Row.run_ahead's count where no limit is set
 # The text appended before `</think>` when the think token budget runs out (the recipe NVIDIA's and
 # Qwen's budget-control examples use; "" appends `</think>` alone).
 THINK_CLOSE = ("\n\nConsidering the limited time by the user, I have to give the solution based on the thinking "
@@ -179,6 +180,24 @@ class Row:
         if not self.finished and r.context is not None and len(self.ids) >= r.context:
             text += self._finish("context_limit", flush=True)
         return [Piece(tok, text, phase, False)]
+
+    def run_ahead(self) -> tuple[int, frozenset[int]]:
+        """How many tokens the row can take before one of them may end its phase or the row by a count (a
+        token budget, the context), and the ids that end them otherwise: the only decisions a loop that runs
+        tokens ahead without the row must stop at. An answer with stop strings takes one: its text decides."""
+        r, phase = self.rules, self.phase
+        left = [] if r.context is None else [r.context - len(self.ids)]
+        if phase == "think":
+            if r.max_think is not None:
+                left.append(r.max_think - self.generated["think"])
+            ends = r.stops if r.specials.think_end is None else r.stops | {r.specials.think_end}
+        else:
+            if r.stop:
+                return 1, r.stops
+            if r.max_answer is not None:
+                left.append(r.max_answer - self.generated["answer"])
+            ends = r.stops
+        return min(left, default=UNLIMITED), ends
 
     def cancel(self) -> None:
         self._finish("cancelled", flush=True)

@@ -138,7 +138,7 @@ def _produce(generation: Generation, out: Handover, on_done, finished: threading
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
         gemv.set_float_mode(float_mode)
-        for ev in generation.run():
+        for ev in generation.run(ahead=True):
             if isinstance(ev, Done) and on_done is not None:
                 on_done(ev.results)
             out.put(ev)

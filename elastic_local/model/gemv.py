@@ -60,6 +60,7 @@ _SIGNATURES = {
     "gemv_fp8": [_P, _P, _P, _I, _I, _I, _I, _F, _C],
     "gemv_nvfp4": [_P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _C],
     "decode_token": [_P, _I, _I, _P, _C],
+    "decode_greedy": [_P, _I, _I, _I, _P, _I, _P, _P, _P, _C],
     "norm_rows": [_P, _P, _I, _P, _P, _I, _I, _I, _I, _F, _C],
     "conv_prefill": [_P, _I, _I, _P, _P, _P, _P, _I, _I, _I, _I, _C],
     "ssm_scan": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _C],

@@ -728,14 +728,29 @@ typedef struct {
     float eps;
 } step;
 
-/* logits [V] of `token` at position `pos`: its embedding through every block and the head, in one call and
-   one parallel region (per block a call from Python costs more than a small block's work, about 6 us each
-   measured with empty blocks, and waking the threads once per block about 1 us). Returns 0, or -1 where
-   the scratch buffer could not be allocated. */
-int decode_token(const step *s, int64_t token, int64_t pos, float *logits, int threads) {
-    const int64_t n = s->n, d = s->d;
-    int64_t shared = 0;
+/* The first largest of v[0..n), a NaN counted largest (numpy's argmax, which the engine's greedy sampling
+   takes on the torch path): the same token either way. */
+static int64_t first_max(const float *v, int64_t n) {
+    int64_t best = 0;
     for (int64_t i = 0; i < n; i++) {
+        if (isnan(v[i])) return i;
+        if (v[i] > v[best]) best = i;
+    }
+    return best;
+}
+
+/* Tokens from `token` at position `pos` in one call and one parallel region (per block a call from Python
+   costs more than a small block's work, about 6 us each measured with empty blocks, and waking the threads
+   once per block about 1 us). With `out` NULL, one step: the logits [V] of `token`. Otherwise up to `n`
+   greedy steps, each next token the first_max of the logits, written to out, the last step's logits left
+   in `logits`. It stops after a token in stops[nstops] (the engine's phase machine decides there) and
+   after the token during which *halt became non-zero (a live switch or a cancel from another thread).
+   Returns the tokens run, or -1 where the scratch buffer could not be allocated. */
+static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, const int64_t *stops,
+                          int64_t nstops, const int32_t *halt, int64_t *out, float *logits, int threads) {
+    const int64_t blocks = s->n, d = s->d, V = s->lm_head->out;
+    int64_t shared = 0;
+    for (int64_t i = 0; i < blocks; i++) {
         const void *L = s->blocks[i].args;
         const int64_t kind = s->blocks[i].kind;
         const int64_t need = kind == 'M' ? mamba_scratch(L) : kind == '*' ? attention_scratch(L)
@@ -746,11 +761,12 @@ int decode_token(const step *s, int64_t token, int64_t pos, float *logits, int t
     float *buf = malloc(sizeof(float) * (shared + (threads > 1 ? threads : 1) * dx));
     if (!buf) return -1;
     float *h = s->h;
-    memcpy(h, s->embed + token * s->ld_embed, sizeof(float) * d);
     const unsigned int csr = _mm_getcsr(); /* the caller's float mode (torch.set_flush_denormal sets its own
                                               thread's only): every thread routes the MoE blocks itself, so
                                               all of them compute in the same mode */
     meeting all = {0, 0};
+    int64_t ran = 0;
+    int halted = 0; /* thread 0's reading of *halt, shared through the meet after the head */
     #pragma omp parallel num_threads(threads)
     {
         const int64_t team = threads_here(); /* libgomp may give fewer threads than asked */
@@ -758,24 +774,49 @@ int decode_token(const step *s, int64_t token, int64_t pos, float *logits, int t
         const unsigned int own_csr = _mm_getcsr();
         _mm_setcsr(csr);
         float *x = buf + shared + thread_here() * dx;
-        for (int64_t i = 0; i < n; i++) {
-            float *a = s->state[2 * i], *b = s->state[2 * i + 1];
-            const void *L = s->blocks[i].args;
-            switch (s->blocks[i].kind) {
-            case 'M': mamba_block(L, h, a, b, buf, x, &me); break;
-            case '*': attention_block(L, h, a, b, s->capacity[i], pos, buf, x, &me); break;
-            case 'E': moe_block(L, h, buf, x, &me); break;
-            default: mlp_block(L, h, buf, x, &me);
-            }
+        int64_t tok = token;
+        for (int64_t t = 0; t < n; t++) {
+            if (thread_here() == 0) memcpy(h, s->embed + tok * s->ld_embed, sizeof(float) * d);
             meet(&me);
+            for (int64_t i = 0; i < blocks; i++) {
+                float *a = s->state[2 * i], *b = s->state[2 * i + 1];
+                const void *L = s->blocks[i].args;
+                switch (s->blocks[i].kind) {
+                case 'M': mamba_block(L, h, a, b, buf, x, &me); break;
+                case '*': attention_block(L, h, a, b, s->capacity[i], pos + t, buf, x, &me); break;
+                case 'E': moe_block(L, h, buf, x, &me); break;
+                default: mlp_block(L, h, buf, x, &me);
+                }
+                meet(&me);
+            }
+            rms_norm(h, s->norm, x, d, s->eps);
+            product head = {s->lm_head, x, logits};
+            products(&head, 1);
+            if (!out) break;
+            if (thread_here() == 0) halted = halt && atomic_load_explicit((const _Atomic int32_t *)halt,
+                                                                         memory_order_relaxed);
+            meet(&me); /* every thread reads the whole of the logits, and `halted` */
+            tok = first_max(logits, V);
+            int stop = halted;
+            for (int64_t j = 0; j < nstops; j++) stop |= tok == stops[j];
+            if (thread_here() == 0) out[t] = tok, ran = t + 1;
+            if (stop) break;
         }
-        rms_norm(h, s->norm, x, d, s->eps);
-        product head = {s->lm_head, x, logits};
-        products(&head, 1);
         _mm_setcsr(own_csr);
     }
     free(buf);
-    return 0;
+    return out ? ran : 1;
+}
+
+/* logits [V] of `token` at position `pos`; 0, or -1 (no memory for the scratch buffer). */
+int decode_token(const step *s, int64_t token, int64_t pos, float *logits, int threads) {
+    return run_tokens(s, token, pos, 1, NULL, 0, NULL, NULL, logits, threads) < 0 ? -1 : 0;
+}
+
+/* Up to n greedy tokens after `token` at `pos` into out (run_tokens); how many, or -1. */
+int decode_greedy(const step *s, int64_t token, int64_t pos, int64_t n, const int64_t *stops, int64_t nstops,
+                  const int32_t *halt, int64_t *out, float *logits, int threads) {
+    return (int)run_tokens(s, token, pos, n, stops, nstops, halt, out, logits, threads);
 }
 
 /* ------------------------------------------------------------------------------ norms over a prompt */

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import weakref
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 import torch
@@ -213,6 +214,7 @@ class DecodeStep:
             raise Unsupported("an embedding that is not float32 rows")
         self.lm_head = weight(block(net.lm_head, 0, net.lm_head.shape[0], d))
         self.embed, self.h = embed, torch.empty(d)
+        self.logits = torch.empty(self.lm_head.out)  # greedy's (read by nobody: its tokens are the result)
         n = len(self.blocks)
         self.table = (Block * n)(*(Block(ord(kind), ctypes.addressof(args)) for _, kind, args in self.blocks))
         self.state, self.capacity = (_P * (2 * n))(), (_I * max(n, 1))()  # the cache's
@@ -225,6 +227,31 @@ class DecodeStep:
         self.lib, self.keep = lib, keep
 
     def __call__(self, token: int, cache: HybridCache) -> Tensor:
+        pos = self._prepare(token, cache, 1)
+        logits = torch.empty(1, self.lm_head.out)
+        if self.lib.decode_token(self._args, token, pos, logits.data_ptr(), torch.get_num_threads()):
+            raise _out_of_memory(pos)
+        cache.lengths = [pos + 1]
+        return logits
+
+    def greedy(self, token: int, cache: HybridCache, n: int, stops: Collection[int],
+               halt: Tensor | None = None) -> list[int]:
+        """Up to `n` greedy tokens after `token` in one call: each the first largest logit (numpy's argmax, the
+        engine's greedy sampling), ending with the first of `stops`, or with the token during which `halt` (an
+        int32 tensor another thread may set) became non-zero. The cache consumes `token` and every token
+        returned but the last, as that many calls would."""
+        pos = self._prepare(token, cache, n)
+        out, ends = (_I * n)(), (_I * max(len(stops), 1))(*stops)
+        ran = self.lib.decode_greedy(self._args, token, pos, n, ends, len(stops),
+                                     None if halt is None else halt.data_ptr(), out, self.logits.data_ptr(),
+                                     torch.get_num_threads())
+        if ran < 0:
+            raise _out_of_memory(pos)
+        cache.lengths = [pos + ran]
+        return out[:ran]
+
+    def _prepare(self, token: int, cache: HybridCache, n: int) -> int:
+        """Point the step at `cache`, its K / V caches grown for `n` more tokens; the position `token` takes."""
         if not 0 <= token < self.embed.shape[0]:
             raise IndexError(f"token id {token} is outside the vocabulary (0..{self.embed.shape[0] - 1})")
         pos, state, layers = cache.lengths[0], self.state, cache.layers
@@ -232,15 +259,10 @@ class DecodeStep:
             self._bind(cache)
         for j, i in self.attention:
             s = layers[i]
-            if s.k.shape[2] <= pos:
-                s.grow(pos + 1)
+            if s.k.shape[2] < pos + n:
+                s.grow(pos + n)
             state[2 * j], state[2 * j + 1], self.capacity[j] = s.k.data_ptr(), s.v.data_ptr(), s.k.shape[2]
-        logits = torch.empty(1, self.lm_head.out)
-        if self.lib.decode_token(self._args, token, pos, logits.data_ptr(), torch.get_num_threads()):
-            raise MemoryError(f"out of memory for the decode step's scratch buffer at position {pos} (a block's "
-                              "activations, a few hundred KiB): free memory and retry")
-        cache.lengths = [pos + 1]
-        return logits
+        return pos
 
     def _bind(self, cache: HybridCache) -> None:
         """Point the state table at `cache`'s Mamba states (a weak reference: the step keeps no cache alive)."""
@@ -249,6 +271,11 @@ class DecodeStep:
                 s = cache.layers[i]
                 self.state[2 * j], self.state[2 * j + 1] = s.conv.data_ptr(), s.ssm.data_ptr()
         self._bound = weakref.ref(cache)
+
+
+def _out_of_memory(pos: int) -> MemoryError:
+    return MemoryError(f"out of memory for the decode step's scratch buffer at position {pos} (a block's "
+                       "activations, a few hundred KiB): free memory and retry")
 
 
 def build(net: NemotronH, b: Budget) -> DecodeStep | None:
