@@ -14,6 +14,8 @@ bytes `read/token` counts, so the same ratios). Each is loaded in float32 once p
     rows      ELASTIC_LOCAL_CPU_LAYOUT=rows: weights kept [out, in] as stored, decode steps in C
     compiled  (--compile) the default with the decode step compiled (`load(compile=True)`), each budget
               compiled in the warm-up
+    stepwise  the default model with the engine's run ahead off (generate.RUN_AHEAD_S = 0): a step, its
+              Python and numpy's argmax for every token, as before greedy tokens ran ahead in C
 Batch-1 greedy decode of --new-tokens tokens after a 32-token prompt, eos ignored, through
 `m.generate`; runs interleaved (rep, budget, variant) because the machine is shared and noisy; medians.
 
@@ -69,9 +71,22 @@ def kernels_on(on: bool):
         gemv._library = library
 
 
-def decode_tok_s(m, budget: str, new_tokens: int, kernels: bool = True) -> float:
+@contextlib.contextmanager
+def run_ahead(on: bool):
+    """The engine's run ahead of greedy tokens on or off (the `stepwise` variant) for what runs inside."""
+    from elastic_local.engine import generate
+
+    limit = generate.RUN_AHEAD_S
+    generate.RUN_AHEAD_S = limit if on else 0.0
+    try:
+        yield
+    finally:
+        generate.RUN_AHEAD_S = limit
+
+
+def decode_tok_s(m, budget: str, new_tokens: int, variant: str = "kernels") -> float:
     prompt = list(range(20, 52))
-    with kernels_on(kernels):
+    with kernels_on(variant != "torch"), run_ahead(variant != "stepwise"):
         st = m.generate(prompt, answer_budget=budget, max_answer_tokens=new_tokens, ignore_eos=True).stats
     return st.answer_tokens / st.answer_s
 
@@ -90,18 +105,19 @@ def bench(name: str, path: Path | None, args) -> dict:
 
     if gemv.library() is None:
         raise SystemExit("the CPU decode kernels are unavailable here (see the warning): nothing to compare")
-    variants = ("torch", "kernels", "rows") + (("compiled",) if args.compile else ())
-    models = {v: load(path, v) for v in variants}
+    variants = ("torch", "kernels", "stepwise", "rows") + (("compiled",) if args.compile else ())
+    models = {v: load(path, v) for v in variants if v != "stepwise"}
+    models["stepwise"] = models["kernels"]  # the same weights, the engine set otherwise
     budgets = models["kernels"].budgets
     diff = (step_logits(models["torch"], False) - step_logits(models["kernels"], True)).abs().max().item()
     for v, m in models.items():  # warm-up
         for b in budgets:
-            decode_tok_s(m, b, 4, v != "torch")
+            decode_tok_s(m, b, 4, v)
     runs = {(v, b): [] for v in variants for b in budgets}
     for _ in range(args.reps):
         for b in budgets:
             for v in variants:
-                runs[v, b].append(decode_tok_s(models[v], b, args.new_tokens, v != "torch"))
+                runs[v, b].append(decode_tok_s(models[v], b, args.new_tokens, v))
     full = budgets[0]
     rows = []
     for b in budgets:
@@ -113,6 +129,7 @@ def bench(name: str, path: Path | None, args) -> dict:
             speedup = tok_s / median(runs[v, full])
             row[v] = {"tok_s": tok_s, "speedup": speedup, "efficiency": speedup / ideal}
         row["kernels_over_torch"] = row["kernels"]["tok_s"] / row["torch"]["tok_s"]
+        row["kernels_over_stepwise"] = row["kernels"]["tok_s"] / row["stepwise"]["tok_s"]
         row["rows_over_torch"] = row["rows"]["tok_s"] / row["torch"]["tok_s"]
         if "compiled" in variants:
             row["compiled_over_torch"] = row["compiled"]["tok_s"] / row["torch"]["tok_s"]
@@ -147,12 +164,13 @@ def main() -> None:
         variants = res["variants"]
         print(f"{'model':6} {'budget':7} {'read/token':>10} {'ideal':>6} | "
               + " | ".join(f"{v + ' tok/s':>14} {'speed-up':>8} {'eff.':>5}" for v in variants)
-              + f" | {'kernels/torch':>13} | {'rows/torch':>10}"
+              + f" | {'kernels/torch':>13} | {'rows/torch':>10} | {'kernels/stepwise':>16}"
               + (f" | {'compiled/torch':>14}" if "compiled" in variants else ""))
         for r in res["rows"]:
             cells = [f"{r[v]['tok_s']:14.1f} {r[v]['speedup']:7.2f}x {r[v]['efficiency']:5.2f}" for v in variants]
             print(f"{name:6} {r['budget']:7} {r['read_bytes'] / 2**20:8.1f}MB {r['ideal_speedup']:5.2f}x | "
                   + " | ".join(cells) + f" | {r['kernels_over_torch']:12.2f}x | {r['rows_over_torch']:9.2f}x"
+                  + f" | {r['kernels_over_stepwise']:15.2f}x"
                   + (f" | {r['compiled_over_torch']:13.2f}x" if "compiled" in variants else ""))
         print(f"{name:6} max |logit difference| of a decode step, kernels against torch: "
               f"{res['max_logit_diff']:.2e}")
