@@ -214,7 +214,7 @@ class DecodeStep:
             raise Unsupported("an embedding that is not float32 rows")
         self.lm_head = weight(block(net.lm_head, 0, net.lm_head.shape[0], d))
         self.embed, self.h = embed, torch.empty(d)
-        self.logits = torch.empty(self.lm_head.out)  # greedy's (read by nobody: its tokens are the result)
+        self.logits = torch.empty(self.lm_head.out)  # where `greedy` has the head write (its tokens are its result)
         n = len(self.blocks)
         self.table = (Block * n)(*(Block(ord(kind), ctypes.addressof(args)) for _, kind, args in self.blocks))
         self.state, self.capacity = (_P * (2 * n))(), (_I * max(n, 1))()  # the cache's
