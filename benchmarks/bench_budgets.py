@@ -14,8 +14,9 @@ bytes `read/token` counts, so the same ratios). Each is loaded in float32 once p
     rows      ELASTIC_LOCAL_CPU_LAYOUT=rows: weights kept [out, in] as stored, decode steps in C
     compiled  (--compile) the default with the decode step compiled (`load(compile=True)`), each budget
               compiled in the warm-up
-    stepwise  the default model with the engine's run ahead off (generate.RUN_AHEAD_S = 0): a step, its
-              Python and numpy's argmax for every token, as before greedy tokens ran ahead in C
+    stepwise  the default model with the engine's run ahead off (`Generation._run_ahead` declining): the
+              general step, its Python and numpy's argmax for every token, as before greedy tokens ran
+              ahead in C
 Batch-1 greedy decode of --new-tokens tokens after a 32-token prompt, eos ignored, through
 `m.generate`; runs interleaved (rep, budget, variant) because the machine is shared and noisy; medians.
 
@@ -74,14 +75,15 @@ def kernels_on(on: bool):
 @contextlib.contextmanager
 def run_ahead(on: bool):
     """The engine's run ahead of greedy tokens on or off (the `stepwise` variant) for what runs inside."""
-    from elastic_local.engine import generate
+    from elastic_local.engine.generate import Generation
 
-    limit = generate.RUN_AHEAD_S
-    generate.RUN_AHEAD_S = limit if on else 0.0
+    ahead = Generation._run_ahead
+    if not on:
+        Generation._run_ahead = lambda self, start: None  # every step the general one
     try:
         yield
     finally:
-        generate.RUN_AHEAD_S = limit
+        Generation._run_ahead = ahead
 
 
 def decode_tok_s(m, budget: str, new_tokens: int, variant: str = "kernels") -> float:

@@ -109,7 +109,7 @@ class Generation:
         self._lock = threading.Lock()
         self._halt = torch.zeros(1, dtype=torch.int32)  # set by switch / cancel: a run ahead stops at its token
         self._ahead = False  # run(ahead=True)
-        self._token_s = 0.0  # the last decode step's seconds a token (0: none yet)
+        self._token_s = 0.0  # seconds a token of the last run ahead (0: none yet)
         self.t0 = time.perf_counter()
         self._default = self._compile(req)
         for p in prompts:
@@ -241,22 +241,18 @@ class Generation:
                 row.stats.think_s += spent - prefill_s
             else:
                 row.stats.answer_s += spent - prefill_s
-        if len(took) == 1 and not any(caught):
-            self._token_s = spent
         return events
 
     def _run_ahead(self, start: float) -> list[Event] | None:
-        """The lone row's greedy tokens for RUN_AHEAD_S in one call, up to the next decision only its Row can
-        make (Row.run_ahead); None where one normal step runs instead (sampling, a budget catching up, a
-        token slower than RUN_AHEAD_S, no C step). Each token is its budget's argmax, as a step's would be."""
+        """The lone row's greedy tokens in one call: one, then as many as the last ones say fit in RUN_AHEAD_S,
+        up to the next decision only its Row can make (Row.run_ahead); None where a normal step runs instead
+        (sampling, a budget catching up, no C step). Each token is its budget's argmax, as a step's would be."""
         row = self.rows[self.active[0]]
         opts = self.options[row.index]
-        n = int(RUN_AHEAD_S / self._token_s) if self._token_s else 0
-        if n < 2 or not opts.sampling.greedy:
+        if not opts.sampling.greedy:
             return None
         left, ends = row.run_ahead()
-        if min(n, left) < 2:
-            return None
+        n = max(1, int(RUN_AHEAD_S / self._token_s)) if self._token_s else 1
         budget, phase = opts.budget_of[row.phase], row.phase
         tokens = self.states.run_ahead(budget, row.ids, min(n, left), ends, self._halt)
         if tokens is None:
