@@ -13,6 +13,7 @@ in generate.py feeds it the tokens it samples and turns its Pieces into Token ev
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .events import Result, Stats
 from .sampling import Sampling
@@ -103,9 +104,9 @@ class Rules:
                    tuple(close), context)
 
 
-@dataclass(frozen=True)
-class Piece:
-    """A token a Row appended and the visible text it completes (see events.Token)."""
+class Piece(NamedTuple):
+    """A token a Row appended and the visible text it completes (see events.Token). A tuple: a Row makes
+    one a token, and a frozen dataclass cost 0.8 us of a demo token's 70."""
 
     id: int
     text: str
