@@ -389,8 +389,8 @@ def test_greedy_takes_the_first_largest_logit_and_a_nan_as_numpy_does(tmp_path):
     ids = torch.tensor([[1, 2, 3, 5]])
     head = hf.lm_head.weight.data
     best = head[int(hf_logits(hf, ids)[0, -1].argmax())].clone()
-    head[20] = head[30] = 2 * best  # tied for the largest logit after `ids`: token 20 before 30
-    for nan, expect in ((None, [20]), (41, [41] * 4)):
+    head[17] = head[20] = head[30] = 2 * best  # tied for the largest logit after `ids`: token 17 first
+    for nan, expect in ((None, [17]), (41, [41] * 4)):
         if nan is not None:
             head[nan] = float("nan")  # every logit of token 41 NaN
         hf.save_pretrained(tmp_path)

@@ -647,8 +647,16 @@ static void route(const moe *L, const float *x, int64_t *ids, float *w) {
     for (int64_t i = 0; i < k; i++) w[i] = (L->norm_top_k ? w[i] / (total + 1e-20f) : w[i]) * L->scaling;
 }
 
+/* max(v, 0)^2 in place, 8 at a time: as `v > 0 ? v * v : 0` the compiler kept a branch and one float at a
+   time (about 2 us of a full demo token). vmaxps returns its second operand, 0, for a NaN or a -0, as the
+   scalar form does, so the bits are the same. */
 static void relu2(float *v, int64_t n0, int64_t n1) {
-    for (int64_t i = n0; i < n1; i++) v[i] = v[i] > 0.f ? v[i] * v[i] : 0.f;
+    int64_t i = n0;
+    for (; i + 8 <= n1; i += 8) {
+        const __m256 x = _mm256_max_ps(_mm256_loadu_ps(v + i), _mm256_setzero_ps());
+        _mm256_storeu_ps(v + i, _mm256_mul_ps(x, x));
+    }
+    for (; i < n1; i++) v[i] = v[i] > 0.f ? v[i] * v[i] : 0.f;
 }
 
 static int64_t moe_scratch(const moe *L) { return (L->top_k + 1) * (L->hidden + L->d); }
@@ -731,12 +739,35 @@ typedef struct {
 /* The first largest of v[0..n), a NaN counted largest (numpy's argmax, which the engine's greedy sampling
    takes on the torch path): the same token either way. */
 static int64_t first_max(const float *v, int64_t n) {
-    int64_t best = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (isnan(v[i])) return i;
-        if (v[i] > v[best]) best = i;
+    /* 8 at a time (one at a time it took 0.55 us of a demo token on each thread): the largest value and
+       whether any is NaN, then the first position holding it (-0 and +0 compare equal, as with `>`) */
+    __m256 top = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(v + i);
+        top = _mm256_max_ps(top, x);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
     }
-    return best;
+    float lanes[8], m = -INFINITY;
+    _mm256_storeu_ps(lanes, top);
+    for (int q = 0; q < 8; q++) m = lanes[q] > m ? lanes[q] : m;
+    int any_nan = _mm256_movemask_ps(nan) != 0;
+    for (int64_t j = i; j < n; j++) {
+        any_nan |= isnan(v[j]);
+        m = v[j] > m ? v[j] : m;
+    }
+    if (any_nan) {
+        for (i = 0; i < n; i++)
+            if (isnan(v[i])) return i;
+    }
+    const __m256 vm = _mm256_set1_ps(m);
+    for (i = 0; i + 8 <= n; i += 8) {
+        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + i), vm, _CMP_EQ_OQ));
+        if (hit) return i + __builtin_ctz(hit);
+    }
+    for (; i < n; i++)
+        if (v[i] == m) return i;
+    return 0; /* n = 0 */
 }
 
 /* Tokens from `token` at position `pos` in one call and one parallel region (per block a call from Python
