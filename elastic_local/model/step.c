@@ -1073,7 +1073,7 @@ int experts_prefill(const float *x, int64_t n, int64_t d, const int64_t *ids, co
             if (!m) continue;
             float *h = H + start[e] * I;
             rows_product(&up[e], up_in + start[e] * d, m, h, scratch);
-            for (int64_t j = 0; j < m * I; j++) h[j] = h[j] > 0.f ? h[j] * h[j] : 0.f;
+            relu2(h, 0, m * I);
         }
         if (permute_down) {
             #pragma omp for schedule(static)
