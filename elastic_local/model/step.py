@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 import weakref
 from collections.abc import Collection
 from typing import TYPE_CHECKING
@@ -225,12 +226,18 @@ class DecodeStep:
         self._args = ctypes.byref(self.args)
         self._bound: weakref.ref[HybridCache] | None = None  # the cache whose Mamba states `state` holds
         self.lib, self.keep = lib, keep
+        # One call at a time: the residual `h`, the state table and `logits` are this step's, not a call's.
+        # Two threads decoding the same budget at once (a Stream on the engine's thread, `generate` on the
+        # caller's) read each other's caches through them: wrong tokens, or a crash where one's K / V cache
+        # is shorter than the other's position.
+        self._lock = threading.Lock()
 
     def __call__(self, token: int, cache: HybridCache) -> Tensor:
-        pos = self._prepare(token, cache, 1)
         logits = torch.empty(1, self.lm_head.out)
-        if self.lib.decode_token(self._args, token, pos, logits.data_ptr(), torch.get_num_threads()):
-            raise _out_of_memory(pos)
+        with self._lock:
+            pos = self._prepare(token, cache, 1)
+            if self.lib.decode_token(self._args, token, pos, logits.data_ptr(), torch.get_num_threads()):
+                raise _out_of_memory(pos)
         cache.lengths = [pos + 1]
         return logits
 
@@ -240,11 +247,12 @@ class DecodeStep:
         engine's greedy sampling), ending with the first of `stops`, or with the token during which `halt` (an
         int32 tensor another thread may set) became non-zero. The cache consumes `token` and every token
         returned but the last, as that many calls would."""
-        pos = self._prepare(token, cache, n)
         out, ends = (_I * n)(), (_I * max(len(stops), 1))(*stops)
-        ran = self.lib.decode_greedy(self._args, token, pos, n, ends, len(stops),
-                                     None if halt is None else halt.data_ptr(), out, self.logits.data_ptr(),
-                                     torch.get_num_threads())
+        with self._lock:
+            pos = self._prepare(token, cache, n)
+            ran = self.lib.decode_greedy(self._args, token, pos, n, ends, len(stops),
+                                         None if halt is None else halt.data_ptr(), out, self.logits.data_ptr(),
+                                         torch.get_num_threads())
         if ran < 0:
             raise _out_of_memory(pos)
         cache.lengths = [pos + ran]
