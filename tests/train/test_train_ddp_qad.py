@@ -28,7 +28,7 @@ def test_two_process_torchrun_step_equals_the_single_process_step(tmp_path):
     single = subprocess.run([sys.executable, "-m", "elastic_local.cli", *train_args(tmp_path, "single", 2)],
                             capture_output=True, text=True, timeout=900, env=env)
     assert single.returncode == 0, single.stderr[-3000:]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",  # a free port
            "-m", "elastic_local.cli", *train_args(tmp_path, "ddp", 2)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
