@@ -92,6 +92,7 @@ class Rules:
     eos: frozenset[int]  # those of them reported as "eos" (none with ignore_eos)
     close_ids: tuple[int, ...]  # appended when the think budget runs out: the closing text, then `</think>`
     context: int | None = None  # tokens a row may fill, prompt included (None: no limit)
+    think_ends: frozenset[int] = frozenset()  # ids that end the thinking phase or the row: stops and `</think>`
 
     @classmethod
     def of(cls, req: Request, sp: Specials, tokenizer: Tokenizer | None, context: int | None = None) -> Rules:
@@ -100,8 +101,10 @@ class Rules:
         if sp.think_end is not None:
             text = tokenizer.encode(req.think_close) if tokenizer is not None and req.think_close else []
             close = text + [sp.think_end]
-        return cls(sp, req.max_think_tokens, req.max_answer_tokens, req.stop, eos | frozenset(req.stop_ids), eos,
-                   tuple(close), context)
+        stops = eos | frozenset(req.stop_ids)
+        think_ends = stops if sp.think_end is None else stops | {sp.think_end}
+        return cls(sp, req.max_think_tokens, req.max_answer_tokens, req.stop, stops, eos, tuple(close), context,
+                   think_ends)
 
 
 class Piece(NamedTuple):
@@ -191,7 +194,7 @@ class Row:
         if phase == "think":
             if r.max_think is not None:
                 left.append(r.max_think - self.generated["think"])
-            ends = r.stops if r.specials.think_end is None else r.stops | {r.specials.think_end}
+            ends = r.think_ends
         else:
             if r.stop:
                 return 1, r.stops

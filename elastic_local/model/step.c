@@ -792,6 +792,7 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
     float *buf = malloc(sizeof(float) * (shared + (threads > 1 ? threads : 1) * dx));
     if (!buf) return -1;
     float *h = s->h;
+    memcpy(h, s->embed + token * s->ld_embed, sizeof(float) * d);
     const unsigned int csr = _mm_getcsr(); /* the caller's float mode (torch.set_flush_denormal sets its own
                                               thread's only): every thread routes the MoE blocks itself, so
                                               all of them compute in the same mode */
@@ -805,10 +806,7 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
         const unsigned int own_csr = _mm_getcsr();
         _mm_setcsr(csr);
         float *x = buf + shared + thread_here() * dx;
-        int64_t tok = token;
         for (int64_t t = 0; t < n; t++) {
-            if (thread_here() == 0) memcpy(h, s->embed + tok * s->ld_embed, sizeof(float) * d);
-            meet(&me);
             for (int64_t i = 0; i < blocks; i++) {
                 float *a = s->state[2 * i], *b = s->state[2 * i + 1];
                 const void *L = s->blocks[i].args;
@@ -827,11 +825,14 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
             if (thread_here() == 0) halted = halt && atomic_load_explicit((const _Atomic int32_t *)halt,
                                                                          memory_order_relaxed);
             meet(&me); /* every thread reads the whole of the logits, and `halted` */
-            tok = first_max(logits, V);
+            const int64_t tok = first_max(logits, V);
             int stop = halted;
             for (int64_t j = 0; j < nstops; j++) stop |= tok == stops[j];
             if (thread_here() == 0) out[t] = tok, ran = t + 1;
             if (stop) break;
+            /* the next token's embedding: every thread has read h (the head's norm) before the meet above */
+            if (thread_here() == 0) memcpy(h, s->embed + tok * s->ld_embed, sizeof(float) * d);
+            meet(&me);
         }
         _mm_setcsr(own_csr);
     }
