@@ -829,7 +829,7 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
             int stop = halted;
             for (int64_t j = 0; j < nstops; j++) stop |= tok == stops[j];
             if (thread_here() == 0) out[t] = tok, ran = t + 1;
-            if (stop) break;
+            if (stop || t + 1 == n) break;
             /* the next token's embedding: every thread has read h (the head's norm) before the meet above */
             if (thread_here() == 0) memcpy(h, s->embed + tok * s->ld_embed, sizeof(float) * d);
             meet(&me);
