@@ -31,6 +31,9 @@ class ElasticModel:
         self.net, self.path = net, path
         self._budgets = budgets  # every budget the resident weights can run, largest first
         self.tokenizer = tokenizer  # None when the checkpoint has no tokenizer.json
+        # seconds a greedy token of each budget took in its last run ahead (Generation): how far the next one,
+        # of any generation on this model, goes in one call (its first included: no token spent timing)
+        self.token_s: dict[str, float] = {}
 
     @property
     def config(self) -> NemotronHConfig:

@@ -12,6 +12,7 @@ in generate.py feeds it the tokens it samples and turns its Pieces into Token ev
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -171,7 +172,7 @@ class Row:
             pieces = [Piece(tok, self._flush(), phase, False)]
             self.think_end = "model"
             return pieces + self._enter("answer")
-        text = self._push_text(tok)
+        text = self._push_text((tok,))
         if phase == "think":
             pieces = [Piece(tok, text, phase, False)]
             if r.context is not None and len(self.ids) >= r.context:
@@ -184,6 +185,19 @@ class Row:
         if not self.finished and r.context is not None and len(self.ids) >= r.context:
             text += self._finish("context_limit", flush=True)
         return [Piece(tok, text, phase, False)]
+
+    def accept_run(self, tokens: Sequence[int]) -> None:
+        """`accept` every token of a run ahead, for a caller that reads no pieces (collect): all but the last
+        decide nothing (Row.run_ahead's contract), so they are appended and their text decoded together; the
+        last may end the phase or the row, and is accepted alone."""
+        *plain, last = tokens
+        if plain:
+            self.ids += plain
+            self.generated[self.phase] += len(plain)
+            if self.phase == "think":
+                self.think_len += len(plain)
+            self._push_text(plain)
+        self.accept(last)
 
     def run_ahead(self) -> tuple[int, frozenset[int]]:
         """How many tokens the row can take before one of them may end its phase or the row by a count (a
@@ -235,7 +249,7 @@ class Row:
         for tok in close[:-1]:
             self.ids.append(tok)
             self.think_len += 1
-            pieces.append(Piece(tok, self._push_text(tok), "think", True))
+            pieces.append(Piece(tok, self._push_text((tok,)), "think", True))
         self.ids.append(close[-1])
         self.think_len += 1
         pieces.append(Piece(close[-1], self._flush(), "think", True))
@@ -244,9 +258,9 @@ class Row:
 
     # ------------------------------------------------------------------------------------------ text
 
-    def _push_text(self, tok: int) -> str:
+    def _push_text(self, tokens: Sequence[int]) -> str:
         """New visible text of the phase; in the answer, stop strings are matched (and held back)."""
-        piece = self.decoder.push(tok) if self.decoder is not None else ""
+        piece = self.decoder.extend(tokens) if self.decoder is not None else ""
         self.text[self.phase] += piece
         if self.phase == "think":
             return piece

@@ -9,6 +9,7 @@ emits only what is new, holding text back while the window ends inside a multi-b
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +116,12 @@ class IncrementalDecoder:
         self.prefix = self.read = 0  # ids[prefix:read] was emitted last; ids[:read] is all emitted
 
     def push(self, token: int) -> str:
-        self.ids.append(token)
+        return self.extend((token,))
+
+    def extend(self, tokens: Sequence[int]) -> str:
+        """The new text of several tokens at once, in two decodes where a push a token takes two each (a
+        run ahead's tokens, whose pieces nobody reads)."""
+        self.ids.extend(tokens)
         done = self.tokenizer.decode(self.ids[self.prefix:self.read])
         text = self.tokenizer.decode(self.ids[self.prefix:])
         if len(text) > len(done) and not text.endswith("\ufffd"):
