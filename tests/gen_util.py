@@ -113,3 +113,22 @@ def at_a_real_models_pace(m, monkeypatch) -> None:
     monkeypatch.setattr(m.net, "forward", slow(m.net.forward))
     monkeypatch.setattr(m.net, "decode_token", slow(m.net.decode_token))
     monkeypatch.setattr(m.net, "decode_greedy", slow(m.net.decode_greedy))  # a run ahead's call (one token)
+
+
+def runs_ahead(monkeypatch) -> list[int]:
+    """The length of every run ahead the engine makes from here on (CacheSet.run_ahead), with no time limit
+    on one: on a slow or busy machine a token could take longer than RUN_AHEAD_S and none would run."""
+    from elastic_local.engine import generate
+    from elastic_local.engine.cacheset import CacheSet
+
+    lengths: list[int] = []
+
+    def record(self, *args, _run=CacheSet.run_ahead):
+        out = _run(self, *args)
+        if out is not None:
+            lengths.append(len(out))
+        return out
+
+    monkeypatch.setattr(CacheSet, "run_ahead", record)
+    monkeypatch.setattr(generate, "RUN_AHEAD_S", 1.0)
+    return lengths

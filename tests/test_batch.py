@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from gen_util import elastic_model
+from gen_util import elastic_model, runs_ahead
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 from tiny import make_checkpoint, write_tokenizer
@@ -100,9 +100,11 @@ def test_every_output_line_parses_with_openai_types_and_bad_lines_get_errors(ckp
     assert len(records(out)) == 10 and "10 from before" in capsys.readouterr().err
 
 
-def test_continuous_batching_gives_each_request_its_tokens_alone(m):
+@pytest.mark.parametrize("max_batch", [3, 1])
+def test_continuous_batching_gives_each_request_its_tokens_alone(m, monkeypatch, max_batch):
     """Requests on different budgets, limits, thinking on and off and seeded sampling join and leave a
-    batch of 3; each result equals the request run alone, token for token."""
+    batch of 3; each result equals the request run alone, token for token. A batch of one runs each greedy
+    row ahead in C, as a lone row does (and the last of a larger batch)."""
     bodies = [
         {"messages": user("first question"), "max_tokens": 6, "max_think_tokens": 5},
         {"messages": user("second, a longer question than the first"), "max_tokens": 3, "think_budget": "small"},
@@ -121,8 +123,10 @@ def test_continuous_batching_gives_each_request_its_tokens_alone(m):
     for j in jobs:
         j.request.ignore_eos = True
         j.request.think_close = "ok."
-    batched = {job.custom_id: r for job, r in run_jobs(m, jobs, max_batch=3)}
+    lengths = runs_ahead(monkeypatch)
+    batched = {job.custom_id: r for job, r in run_jobs(m, jobs, max_batch=max_batch)}
     assert len(batched) == len(jobs)
+    assert max(lengths, default=0) > (1 if max_batch == 1 else 0)
     for job in jobs:
         alone = Generation(m, [job.prompt], job.request).collect()[0]
         assert batched[job.custom_id].ids == alone.ids, job.custom_id
@@ -140,9 +144,9 @@ def test_admission_stays_within_the_memory_bound(m, monkeypatch):
     sizes = []
     step = Generation.step
 
-    def counting(self):
+    def counting(self, *args, **kwargs):
         sizes.append(len(self.active))
-        return step(self)
+        return step(self, *args, **kwargs)
 
     monkeypatch.setattr(Generation, "step", counting)
     out = dict((job.custom_id, r) for job, r in run_jobs(m, jobs, max_batch=8, memory=Memory.of(m, room)))

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from gen_util import assert_argmax, at_a_real_models_pace, elastic_model, sampled_tokens
+from gen_util import assert_argmax, at_a_real_models_pace, elastic_model, runs_ahead, sampled_tokens
 
 from elastic_local.engine import sampling
 from elastic_local.engine.caches import take_rows, transplant
@@ -413,25 +413,6 @@ def test_rows_join_a_running_generation_and_match_their_runs_alone(m):
     assert finished[1].stats.think_budgets == ["small"] and finished[2].stats.answer_budgets == ["small"]
 
 
-def runs_ahead(m, monkeypatch) -> list[int]:
-    """The length of every run ahead the engine makes from here on (CacheSet.run_ahead), with no time limit
-    on one: on a slow or busy machine a token could take longer than RUN_AHEAD_S and none would run."""
-    from elastic_local.engine import generate
-    from elastic_local.engine.cacheset import CacheSet
-
-    lengths: list[int] = []
-
-    def record(self, *args, _run=CacheSet.run_ahead):
-        out = _run(self, *args)
-        if out is not None:
-            lengths.append(len(out))
-        return out
-
-    monkeypatch.setattr(CacheSet, "run_ahead", record)
-    monkeypatch.setattr(generate, "RUN_AHEAD_S", 1.0)
-    return lengths
-
-
 def renamed_think_end(m, prompt):
     """`m` with one of the tokens it thinks in taken for `</think>`, so that it closes thinking itself."""
     _, [free] = run(m, [prompt], max_think_tokens=12, max_answer_tokens=1, ignore_eos=True)
@@ -473,7 +454,7 @@ def test_a_run_ahead_gives_each_token_text_and_end_of_a_step_a_token(m, monkeypa
                 st.think_tokens, st.answer_tokens, st.think_inserted, st.think_budgets, st.answer_budgets)
 
     step_by_step = list(Generation(model, [prompt], Request(**opts)).run())
-    lengths = runs_ahead(m, monkeypatch)
+    lengths = runs_ahead(monkeypatch)
     ahead = list(Generation(model, [prompt], Request(**opts)).run(ahead=True))
     assert tokens(ahead) == tokens(step_by_step)
     assert ends(ahead[-1].results[0]) == ends(step_by_step[-1].results[0])
@@ -492,7 +473,7 @@ def test_a_switch_or_cancel_from_another_thread_stops_a_run_ahead_at_its_token(m
     arriving in the middle of one must take effect at the next token, as it does a step a token."""
     from elastic_local.engine.cacheset import CacheSet
 
-    runs_ahead(m, monkeypatch)
+    runs_ahead(monkeypatch)
     inside = threading.Event()
     ran, calls = CacheSet.run_ahead, []  # (tokens asked for, tokens run) of each long run ahead
 

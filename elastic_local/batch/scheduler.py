@@ -92,7 +92,9 @@ def run_jobs(model: ElasticModel, jobs: list[Job], max_batch: int = 32, memory: 
                 capacity = cap
             waiting.popleft()
             running[gen.add(job.prompt, job.request)] = job
-        events = gen.step()
+        # a lone greedy row runs ahead (Generation.run): no job could join it before it finishes anyway (the
+        # batch would hold more rows otherwise), and a run ahead stops where the row finishes
+        events = gen.step(ahead=True)
         if on_step is not None:
             on_step(sum(isinstance(e, Token) for e in events))
         for i, result in gen.take_finished():

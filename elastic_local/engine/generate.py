@@ -109,7 +109,6 @@ class Generation:
         self._lock = threading.Lock()
         self._halt = torch.zeros(1, dtype=torch.int32)  # set by switch / cancel: a run ahead stops at its token
         self._halt_flag = self._halt.numpy()  # the same int, set through numpy: 0.1 us where torch's [0] took 2
-        self._ahead = False  # run(ahead=True)
         self._quiet = False  # collect(): no Token events are built, nobody would read them
         self.t0 = time.perf_counter()
         self._default = self._compile(req)
@@ -179,13 +178,11 @@ class Generation:
         tokens in one step, their events yielded together after it: for consumers that do not act between
         tokens (collect, a Stream, whose switch and cancel stop a run ahead at the token they arrive in;
         a `cancel` Event set directly is seen after it). The tokens are the same either way."""
-        self._ahead = ahead
         try:
             yield from self._take_pending()
             while self.active:
-                yield from self.step()
+                yield from self.step(ahead)
         finally:
-            self._ahead = False
             if self.session is not None and self.rows:
                 self.states.retire(self.rows[0].ids)
         yield Done(self.results(), self._now())
@@ -200,14 +197,15 @@ class Generation:
         events, self._pending = self._pending, []
         return events
 
-    def step(self) -> list[Event]:
-        """One token for every active row: each budget in use catches up and decodes, then sampling. A row's
-        phase is charged the step's whole wall time, less its prefill: what a caller waited for its token
-        (the forward alone left out 10-20 us of a demo model's 70-120: sampling, text, events)."""
+    def step(self, ahead: bool = False) -> list[Event]:
+        """One token for every active row: each budget in use catches up and decodes, then sampling (with
+        `ahead`, a lone greedy row's run ahead instead: see `run`). A row's phase is charged the step's whole
+        wall time, less its prefill: what a caller waited for its token (the forward alone left out 10-20 us
+        of a demo model's 70-120: sampling, text, events)."""
         with self._inference:
-            return self._step()
+            return self._step(ahead)
 
-    def _step(self) -> list[Event]:
+    def _step(self, ahead: bool) -> list[Event]:
         start = time.perf_counter()
         self._halt_flag[0] = 0  # a switch or cancel from now on stops a run ahead
         events = self._take_pending()
@@ -217,8 +215,8 @@ class Generation:
             self.active = []
             return events
         events += self._apply_switch()
-        if self._ahead and len(self.active) == 1 and (ahead := self._run_ahead(start)) is not None:
-            return events + ahead
+        if ahead and len(self.active) == 1 and (tokens := self._run_ahead(start)) is not None:
+            return events + tokens
         groups: dict[str, list[int]] = {}  # budget -> positions in self.active
         for pos, i in enumerate(self.active):
             groups.setdefault(self.options[i].budget_of[self.rows[i].phase], []).append(pos)
