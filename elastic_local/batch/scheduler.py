@@ -3,8 +3,9 @@
     waiting: [j5 j6 j7 ...]  --join while the batch has room-->  running: rows decode together per budget
                                                               <--leave when finished-- -> (job, result)
 
-A request joins when the batch has fewer than `max_batch` rows and the caches, with it, stay within the
-memory the fit planner leaves for them (Memory). It joins by a prefill of its prompt alone, then decodes
+A request joins when the batch has fewer rows than it may hold (`max_batch`, or one where rows decode
+faster one at a time: Pace) and the caches, with it, stay within the memory the fit planner leaves for
+them (Memory). It joins by a prefill of its prompt alone, then decodes
 with the others; rows on different budgets decode as separate sub-batches of the same step. Each row
 keeps its own Request (budgets, limits, sampling, stops), so a row's tokens are those it gets alone.
 
@@ -15,12 +16,13 @@ batch empties. That is what Memory.bytes counts.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..engine import ElasticModel
-from ..engine.events import Result, Token
+from ..engine.events import CatchUp, Result, Token
 from ..engine.generate import Generation
 from ..engine.phases import Request
 from .requests import Job, LineError
@@ -58,12 +60,51 @@ def cache_room(model: ElasticModel, device: str = "cpu") -> int:
     return free - default_margin(free) - work
 
 
+# Decode seconds timed each way (one row, several) before a batch settles its size (Pace).
+PROBE_S = 0.05
+
+
+class Pace:
+    """Whether rows decode faster one at a time or batched, timed on the batch's own first jobs.
+
+    Neither always wins. A lone greedy row runs ahead in the C decode step, a batch takes torch's batched
+    step: on the demo model on a CPU one at a time made 3.2x the tokens/s of a batch of 4, while on a 136M
+    model a batch of 8 made 1.8x one at a time (benchmarks/bench_batch.py). So the first jobs run alone until
+    PROBE_S of decoding is timed, then batched until as much is; from then on the batch admits up to
+    `max_batch` rows, or one where alone was faster. Prefills are left out of both (a row prefills alone
+    either way); the tokens are the same at any batch size. `fixed`: always up to `max_batch`."""
+
+    def __init__(self, fixed: bool = False, probe_s: float = PROBE_S):
+        self.fixed, self.probe_s = fixed, probe_s
+        self.alone = [0, 0.0]  # decoded tokens, seconds
+        self.together = [0, 0.0]
+
+    def add(self, rows: int, tokens: int, seconds: float) -> None:
+        """A step of `rows` rows decoded `tokens` tokens in `seconds` (its prefills left out)."""
+        tally = self.alone if rows == 1 else self.together
+        tally[0] += tokens
+        tally[1] += seconds
+
+    def limit(self, max_batch: int) -> int:
+        """The rows the batch may hold now."""
+        if self.fixed or max_batch == 1:
+            return max_batch
+        if self.alone[1] < self.probe_s:
+            return 1
+        if self.together[1] < self.probe_s:
+            return max_batch
+        return 1 if self.alone[0] * self.together[1] > self.together[0] * self.alone[1] else max_batch
+
+
 def run_jobs(model: ElasticModel, jobs: list[Job], max_batch: int = 32, memory: Memory | None = None,
-             on_step: Callable[[int], None] | None = None) -> Iterator[tuple[Job, Result | LineError]]:
-    """Run every job with continuous batching; yields (job, Result) as each finishes, or (job, LineError)
-    for one that does not fit in memory even alone. `on_step(tokens)` hears of every step."""
+             on_step: Callable[[int], None] | None = None,
+             pace: Pace | None = None) -> Iterator[tuple[Job, Result | LineError]]:
+    """Run every job with continuous batching, up to `max_batch` rows where batching is the faster (Pace);
+    yields (job, Result) as each finishes, or (job, LineError) for one that does not fit in memory even
+    alone. `on_step(tokens)` hears of every step."""
     if max_batch < 1:
         raise ValueError(f"max_batch={max_batch} must be >= 1")
+    pace = pace or Pace()
     gen = Generation(model, [], Request())
     waiting = deque(jobs)
     running: dict[int, Job] = {}
@@ -74,7 +115,7 @@ def run_jobs(model: ElasticModel, jobs: list[Job], max_batch: int = 32, memory: 
         return {job.request.think_budget or largest, job.request.answer_budget or largest}
 
     while waiting or gen.rows:
-        while waiting and len(gen.active) < max_batch:
+        while waiting and len(gen.active) < pace.limit(max_batch):
             job = waiting[0]
             if memory is not None and memory.room is not None:
                 cap = max(capacity, job.capacity)
@@ -94,9 +135,13 @@ def run_jobs(model: ElasticModel, jobs: list[Job], max_batch: int = 32, memory: 
             running[gen.add(job.prompt, job.request)] = job
         # a lone greedy row runs ahead (Generation.run): no job could join it before it finishes anyway (the
         # batch would hold more rows otherwise), and a run ahead stops where the row finishes
+        rows, start = len(gen.active), time.perf_counter()
         events = gen.step(ahead=True)
+        tokens = sum(isinstance(e, Token) and not e.forced for e in events)
+        prefill = sum(e.seconds for e in events if isinstance(e, CatchUp))
+        pace.add(rows, tokens, time.perf_counter() - start - prefill)
         if on_step is not None:
-            on_step(sum(isinstance(e, Token) for e in events))
+            on_step(tokens)
         for i, result in gen.take_finished():
             yield running.pop(i), result
         if not gen.active:
