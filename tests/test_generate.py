@@ -467,6 +467,19 @@ def test_a_run_ahead_gives_each_token_text_and_end_of_a_step_a_token(m, monkeypa
     assert assert_argmax(m, ahead[-1].results[0].ids, sampled) >= len(sampled) - 2
 
 
+def test_a_budget_times_its_tokens_once_per_model_not_once_per_generation(m, monkeypatch):
+    """The first run ahead of a budget on a model is one token, to time one (a model's token may take
+    anything from microseconds to seconds); every later generation on it sizes its first from that."""
+    lengths = runs_ahead(monkeypatch)
+    monkeypatch.setattr(m, "token_s", {})
+    prompt = m.chat_prompt("time it", think=False)
+    first = m.generate(prompt, answer_budget="small", max_answer_tokens=20, ignore_eos=True)
+    assert lengths[0] == 1 and set(m.token_s) == {"small"}
+    lengths.clear()
+    again = m.generate(prompt, answer_budget="small", max_answer_tokens=20, ignore_eos=True)
+    assert lengths == [19] and again.ids == first.ids  # the first token comes from the prefill
+
+
 @pytest.mark.parametrize("how", ["switch", "cancel"])
 def test_a_switch_or_cancel_from_another_thread_stops_a_run_ahead_at_its_token(m, monkeypatch, how):
     """A stream's generation runs ahead by thousands of tokens here (no time limit); a switch or cancel

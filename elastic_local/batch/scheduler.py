@@ -5,9 +5,9 @@
 
 A request joins when the batch has fewer rows than it may hold (`max_batch`, or one where rows decode
 faster one at a time: Pace) and the caches, with it, stay within the memory the fit planner leaves for
-them (Memory). It joins by a prefill of its prompt alone, then decodes
-with the others; rows on different budgets decode as separate sub-batches of the same step. Each row
-keeps its own Request (budgets, limits, sampling, stops), so a row's tokens are those it gets alone.
+them (Memory). It joins by a prefill of its prompt alone, then decodes with the others; rows on different
+budgets decode as separate sub-batches of the same step. Each row keeps its own Request (budgets, limits,
+sampling, stops), so a row's tokens are those it gets alone.
 
 Cache memory is rectangular: every budget taking part keeps a cache of every running row, sized for the
 longest row's capacity (prompt + think and answer limits + closing text), and it only shrinks when the
