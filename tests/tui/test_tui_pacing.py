@@ -67,3 +67,23 @@ def test_only_a_switch_and_its_catch_up_are_posted_ahead_of_the_pace():
     pump(events, reply, lambda r: saved.append(r.answer), posted.append, Pace(every=100.0))
     assert posted == [events[:5], events[5:6], events[6:]]  # the phase change and the prefill wait
     assert saved == ["c", "c", "cd"] and reply.status == "stopped"  # no Done: the stream ended early
+
+
+def test_a_phase_rate_counts_the_tokens_after_its_first_clock_reading():
+    """A greedy row's run ahead hands over its tokens with one clock reading each run: a rate counted from
+    the first token's time took a whole run as made in no time (the status line showed 139,000 answer
+    tokens/s for a reply the engine timed at 6,850). Once the reply is done the line shows the engine's
+    own account, as the reply's last line does."""
+    from elastic_local.tui.widgets.status import rate
+
+    r = Reply("full", "full")
+    for _ in range(11):  # the first run: nothing to time yet
+        r.apply(Token(0, 7, "x", "answer", "full", False, 1.0))
+    assert r.rates["answer"].per_second is None and rate(r, "answer") == "-"
+    for _ in range(20):  # the next run, 2 ms later
+        r.apply(Token(0, 7, "x", "answer", "full", False, 1.002))
+    assert round(r.rates["answer"].per_second) == 10000 and rate(r, "answer") == "10000"
+    r.stats = {"think_tokens": 0, "think_s": 0.0, "answer_tokens": 31, "answer_s": 0.0062}
+    assert rate(r, "answer") == "5000" and rate(r, "think") == "-"
+    r.stats["answer_s"] = 0.5
+    assert rate(r, "answer") == "62"

@@ -36,11 +36,15 @@ def memory(max_age: float = 1.0) -> tuple[int, int]:
 
 
 def rate(r: Reply | None, phase: str) -> str:
-    per_s = None if r is None else r.rates[phase].per_second
-    if per_s is None and r is not None and r.stats:
+    """A phase's tokens/s: the engine's own account once the reply is done (its Result's stats, what the
+    reply's last line says), the events' clock while it streams."""
+    per_s = None
+    if r is not None and r.stats:
         n, s = r.stats[f"{phase}_tokens"], r.stats[f"{phase}_s"]
         per_s = n / s if s > 0 and n else None
-    return "-" if per_s is None else f"{per_s:.3g}"
+    elif r is not None:
+        per_s = r.rates[phase].per_second
+    return "-" if per_s is None else f"{per_s:.0f}" if per_s >= 100 else f"{per_s:.3g}"
 
 
 class StatusBar(Static):
