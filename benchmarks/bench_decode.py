@@ -233,8 +233,10 @@ class OursEngine:
 class OursGenerateEngine(OursEngine):
     """Our whole generation engine, the work of `m.generate` (phases, sampling, stop checks, detokenizing,
     events), against transformers' generate(): like for like. Timed from its Token events (the same loop
-    `m.generate` collects), counting sampled tokens only: none is forced here (the prompt opens no
-    thinking), and a forced one would be prefill, not decode."""
+    `m.generate` collects, running greedy tokens ahead in C: `run(ahead=True)`), counting sampled tokens
+    only: none is forced here (the prompt opens no thinking), and a forced one would be prefill, not
+    decode. A run ahead's tokens share one clock reading; the prefill step makes the first token alone,
+    so every later token was made between the first token's time and the last's."""
 
     name = "ours-generate"
 
@@ -245,7 +247,7 @@ class OursGenerateEngine(OursEngine):
 
         t0 = time.perf_counter()
         gen = Generation(self.model, [prompt_ids[0].tolist()], Request(max_answer_tokens=n_new, ignore_eos=True))
-        toks = [e for e in gen.run() if isinstance(e, Token) and not e.forced]
+        toks = [e for e in gen.run(ahead=True) if isinstance(e, Token) and not e.forced]
         t_first, t_last = gen.t0 + toks[0].t, gen.t0 + toks[-1].t
         return t_first - t0, t_last - t_first, [e.id for e in toks]
 
