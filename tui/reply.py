@@ -95,7 +95,9 @@ class Reply:
         elif isinstance(ev, Switch):
             setattr(self, f"{ev.phase}_budget", ev.budget)
             self.marks.append(Mark(ev.phase, ev.budget, len(getattr(self, ev.phase))))
-        elif isinstance(ev, CatchUp):
+        elif isinstance(ev, CatchUp) and not ev.prefill:
+            # the prompt's own prefill is no switch's cost: a switch that reached the engine before it ran the
+            # prompt on the budget switched to, and nothing caught up
             for mark in reversed(self.marks):  # the budget a switch brought in, catching up
                 if mark.budget == ev.budget and mark.tokens is None:
                     mark.tokens, mark.seconds = ev.tokens, ev.seconds

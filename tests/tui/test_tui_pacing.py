@@ -87,3 +87,16 @@ def test_a_phase_rate_counts_the_tokens_after_its_first_clock_reading():
     assert rate(r, "answer") == "5000" and rate(r, "think") == "-"
     r.stats["answer_s"] = 0.5
     assert rate(r, "answer") == "62"
+
+
+def test_a_switch_is_charged_its_own_catch_up_not_the_prompts_prefill():
+    """A switch made as a message is sent can reach the engine before the prompt's prefill is reported; the
+    prefill then ran on the budget switched to and nothing caught up (the app said "caught up 22 tokens"
+    where the reply's own line said 0)."""
+    r = Reply("mid", "full")
+    r.apply(Switch("answer", "mid", 0.0))
+    r.apply(CatchUp(0, "mid", 22, 0.03, prefill=True, transplanted=False, t=0.03))
+    assert r.marks[0].tokens is None and "caught up" not in r.marks[0].label()
+    r.apply(Switch("answer", "small", 0.1))
+    r.apply(CatchUp(0, "small", 40, 0.02, prefill=False, transplanted=False, t=0.12))
+    assert (r.marks[1].tokens, r.marks[1].seconds) == (40, 0.02) and r.marks[0].tokens is None
