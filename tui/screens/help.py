@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
@@ -11,15 +16,31 @@ from textual.widgets import Static
 from ..commands import HELP
 
 
-def key_lines(bindings: list[Binding | tuple]) -> list[str]:
+def key_rows(bindings: list[Binding | tuple]) -> list[tuple[str, str]]:
     out, seen = [], set()
     for b in bindings:
         b = b if isinstance(b, Binding) else Binding(*b)
         keys = " / ".join(k.strip() for k in b.key.split(","))
         if b.description and keys not in seen:
             seen.add(keys)
-            out.append(f"  {keys:<20} {b.tooltip or b.description}")
+            out.append((keys, b.tooltip or b.description))
     return out
+
+
+def command_rows() -> list[tuple[str, str]]:
+    """commands.HELP's lines as (usage, what it does): they are written in two columns."""
+    return [tuple(part.strip() for part in re.split(r"\s{2,}", line, maxsplit=1)) for line in HELP]
+
+
+def table(title: str, rows: list[tuple[str, str]]) -> Table:
+    """Two columns, the second wrapping under itself (not under the first) in a narrow box."""
+    t = Table.grid(padding=(0, 2))
+    t.add_column(no_wrap=True)
+    t.add_column()
+    t.title, t.title_justify = title, "left"
+    for row in rows:
+        t.add_row(*row)
+    return t
 
 
 class HelpScreen(ModalScreen):
@@ -30,7 +51,8 @@ class HelpScreen(ModalScreen):
         self.bindings = bindings
 
     def compose(self) -> ComposeResult:
-        text = "\n".join(["Keys", *key_lines(self.bindings), "", "Sidebar (Ctrl+L or Tab to reach it): Enter opens",
-                          "", "Commands", *(f"  {line}" for line in HELP), "", "Esc closes this help."])
+        sidebar = Text("\nSidebar (Ctrl+L or Tab to reach it): Enter opens\n")
+        body = Group(table("Keys", key_rows(self.bindings)), sidebar, table("Commands", command_rows()),
+                     Text("\nEsc closes this help."))
         with VerticalScroll(id="help"):
-            yield Static(text, markup=False)
+            yield Static(body)
