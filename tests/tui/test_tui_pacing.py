@@ -87,6 +87,8 @@ def test_a_phase_rate_counts_the_tokens_after_its_first_clock_reading():
     assert rate(r, "answer") == "5000" and rate(r, "think") == "-"
     r.stats["answer_s"] = 0.5
     assert rate(r, "answer") == "62"
+    r.stats.update(think_tokens=71, think_inserted=63, think_s=0.004)  # a think budget of 8 closed by the engine
+    assert rate(r, "think") == "2000"
 
 
 def test_a_switch_is_charged_its_own_catch_up_not_the_prompts_prefill():

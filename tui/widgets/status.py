@@ -39,8 +39,9 @@ def rate(r: Reply | None, phase: str) -> str:
     """A phase's tokens/s: the engine's own account once the reply is done (its Result's stats, what the
     reply's last line says), the events' clock while it streams."""
     per_s = None
-    if r is not None and r.stats:
-        n, s = r.stats[f"{phase}_tokens"], r.stats[f"{phase}_s"]
+    if r is not None and r.stats:  # sampled tokens, as the reply's line counts them (not the inserted closing)
+        n = r.stats[f"{phase}_tokens"] - (r.stats.get("think_inserted", 0) if phase == "think" else 0)
+        s = r.stats[f"{phase}_s"]
         per_s = n / s if s > 0 and n else None
     elif r is not None:
         per_s = r.rates[phase].per_second
