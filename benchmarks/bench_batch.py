@@ -16,8 +16,8 @@ The model: the embedded demo model (`elastic_local.load()`) when it is installed
    (every request generates the same count); every phase on the largest budget, or ("cycled") the think budget cycling
    through the model's budgets so that rows on different budgets share the batch. The file is parsed by
    the batch reader (requests.py); the same jobs then run one at a time (a Generation each) and through
-   `run_jobs` (continuous batching) at each `--batches` size, and "paced": up to the largest size where
-   the first jobs' timing says batching is the faster (scheduler.Pace, what `elastic-local batch` runs);
+   `run_jobs` (continuous batching) at each `--batches` size, and "adaptive": up to the largest size where
+   the first jobs' timing says batching is the faster (scheduler.Admission, what `elastic-local batch` runs);
    interleaved, `--reps` times (medians).
    Generated tokens per second of wall time, the ratio to one at a time, and how many requests came out
    token for token identical to their run alone.
@@ -123,10 +123,10 @@ def one_at_a_time(m, jobs) -> tuple[float, dict]:
 def batched(m, jobs, max_batch: int, fixed: bool = True) -> tuple[float, dict]:
     """run_jobs at `max_batch` rows, or (`fixed` False, the CLI's way) up to it where batching is the faster."""
     from elastic_local.batch import run_jobs
-    from elastic_local.batch.scheduler import Pace
+    from elastic_local.batch.scheduler import Admission
 
     t = time.perf_counter()
-    out = {j.custom_id: r for j, r in run_jobs(m, jobs, max_batch=max_batch, pace=Pace(fixed))}
+    out = {j.custom_id: r for j, r in run_jobs(m, jobs, max_batch=max_batch, admission=Admission(fixed))}
     return time.perf_counter() - t, out
 
 
@@ -136,14 +136,14 @@ def bench_throughput(m, args) -> dict:
     for mix in args.mixes:
         for budgets in ("largest", "cycled"):
             jobs = jobs_for(m, mix, args.requests, budgets == "cycled")
-            sizes = [*args.batches, "paced"]  # paced: up to the largest, as the CLI runs (scheduler.Pace)
+            sizes = [*args.batches, "adaptive"]  # adaptive: up to the largest, as the CLI runs (scheduler.Admission)
             times: dict[str, list[float]] = {"alone": [], **{str(b): [] for b in sizes}}
             same = {}
             for _ in range(args.reps):  # interleaved: one run of each per rep, medians
                 s, alone = one_at_a_time(m, jobs)
                 times["alone"].append(s)
                 for b in sizes:
-                    s, out = batched(m, jobs, max(args.batches), False) if b == "paced" else batched(m, jobs, b)
+                    s, out = batched(m, jobs, max(args.batches), False) if b == "adaptive" else batched(m, jobs, b)
                     times[str(b)].append(s)
                     same[b] = sum(out[k].ids == alone[k].ids for k in alone)
             tokens = sum(len(r.ids) - r.prompt_len for r in alone.values())
@@ -173,7 +173,7 @@ def _status() -> dict[str, int]:
 def memory_case(path: str, requests: int, max_batch: int) -> dict:
     """Runs in a fresh process (--memory-case)."""
     from elastic_local.batch import Memory, run_jobs
-    from elastic_local.batch.scheduler import Pace
+    from elastic_local.batch.scheduler import Admission
 
     m = load(None if path == "demo" else Path(path), torch.bfloat16)
     jobs = jobs_for(m, "mixed", requests, True)
@@ -183,7 +183,7 @@ def memory_case(path: str, requests: int, max_batch: int) -> dict:
     cost = Memory.of(m, None)
     budgets = {j.request.think_budget or m.budgets[0] for j in jobs} | {m.budgets[0]}
     capacity = max(j.capacity for j in jobs)
-    list(run_jobs(m, jobs, max_batch=max_batch, pace=Pace(fixed=True)))
+    list(run_jobs(m, jobs, max_batch=max_batch, admission=Admission(fixed=True)))
     peak = _status()["VmHWM"]
     return {"rss_after_load": loaded["VmRSS"], "run_peak": peak, "budgets": sorted(budgets), "capacity": capacity,
             "caches_bytes": cost.bytes(min(max_batch, len(jobs)), capacity, budgets), "resident": m.budgets[0],

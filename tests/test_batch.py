@@ -22,7 +22,7 @@ from tiny import make_checkpoint, write_tokenizer
 from elastic_local.batch import Checker, Memory, check_unique, parse, read_lines, run_jobs
 from elastic_local.batch.outfile import OutputError, OutputFile
 from elastic_local.batch.requests import LineError
-from elastic_local.batch.scheduler import Pace
+from elastic_local.batch.scheduler import Admission
 from elastic_local.cli import main
 from elastic_local.engine.generate import Generation
 
@@ -125,7 +125,8 @@ def test_continuous_batching_gives_each_request_its_tokens_alone(m, monkeypatch,
         j.request.ignore_eos = True
         j.request.think_close = "ok."
     lengths = runs_ahead(monkeypatch)
-    batched = {job.custom_id: r for job, r in run_jobs(m, jobs, max_batch=max_batch, pace=Pace(fixed=True))}
+    fixed = Admission(fixed=True)
+    batched = {job.custom_id: r for job, r in run_jobs(m, jobs, max_batch=max_batch, admission=fixed)}
     assert len(batched) == len(jobs)
     assert max(lengths, default=0) > (1 if max_batch == 1 else 0)
     for job in jobs:
@@ -151,31 +152,31 @@ def test_admission_stays_within_the_memory_bound(m, monkeypatch):
 
     monkeypatch.setattr(Generation, "step", counting)
     out = dict((job.custom_id, r) for job, r in run_jobs(m, jobs, max_batch=8, memory=Memory.of(m, room),
-                                                          pace=Pace(fixed=True)))
+                                                          admission=Admission(fixed=True)))
     assert max(sizes) == 2 and len(out) == 7
     assert isinstance(out["huge"], LineError) and out["huge"].code == "out_of_memory"
 
 
-def test_pace_times_alone_then_batched_and_keeps_the_faster():
-    pace = Pace(probe_s=0.05)
-    assert pace.limit(8) == 1  # the first jobs run alone until 0.05 s of decoding is timed
-    pace.add(1, 100, 0.03)
-    assert pace.limit(8) == 1
-    pace.add(1, 100, 0.03)  # 200 tokens in 0.06 s alone
-    assert pace.limit(8) == 8  # now batched, until as much is timed
-    pace.add(4, 100, 0.06)
-    assert pace.limit(8) == 1  # 1667 tok/s batched against 3333 alone: one at a time from here on
-    pace.add(4, 400, 0.06)
-    assert pace.limit(8) == 8  # 4167 tok/s batched over both steps: batched
-    assert Pace(fixed=True).limit(8) == 8 and Pace().limit(1) == 1
+def test_admission_times_alone_then_batched_and_keeps_the_faster():
+    admission = Admission(probe_s=0.05)
+    assert admission.limit(8) == 1  # the first jobs run alone until 0.05 s of decoding is timed
+    admission.add(1, 100, 0.03)
+    assert admission.limit(8) == 1
+    admission.add(1, 100, 0.03)  # 200 tokens in 0.06 s alone
+    assert admission.limit(8) == 8  # now batched, until as much is timed
+    admission.add(4, 100, 0.06)
+    assert admission.limit(8) == 1  # 1667 tok/s batched against 3333 alone: one at a time from here on
+    admission.add(4, 400, 0.06)
+    assert admission.limit(8) == 8  # 4167 tok/s batched over both steps: batched
+    assert Admission(fixed=True).limit(8) == 8 and Admission().limit(1) == 1
 
 
 @pytest.mark.parametrize("alone_faster", [True, False])
 def test_a_batch_holds_one_row_where_alone_decodes_faster(m, monkeypatch, alone_faster):
-    """The scheduler follows its Pace: rows join up to max_batch only where the timed batched steps made
+    """The scheduler follows its Admission: rows join up to max_batch only where the timed batched steps made
     more tokens a second than the lone ones (rigged here: timings are not for tests)."""
 
-    class Rigged(Pace):
+    class Rigged(Admission):
         def add(self, rows, tokens, seconds):
             super().add(rows, tokens, 0.1 * tokens * (1 if (rows == 1) == alone_faster else 3))
 
@@ -190,7 +191,7 @@ def test_a_batch_holds_one_row_where_alone_decodes_faster(m, monkeypatch, alone_
     lines = [(i + 1, request(f"r{i}", {"messages": user(f"q {i}"), "max_tokens": 6, "max_think_tokens": 3}))
              for i in range(12)]
     jobs = parse(lines, Checker.for_model(m).job)
-    out = {job.custom_id: r for job, r in run_jobs(m, jobs, max_batch=4, pace=Rigged())}
+    out = {job.custom_id: r for job, r in run_jobs(m, jobs, max_batch=4, admission=Rigged())}
     assert len(out) == 12 and sizes[0] == 1  # the first job timed alone, then a batch timed
     batched = sizes[sizes.index(4):]
     if alone_faster:  # once that batch drained, one at a time

@@ -4,7 +4,7 @@
                                                               <--leave when finished-- -> (job, result)
 
 A request joins when the batch has fewer rows than it may hold (`max_batch`, or one where rows decode
-faster one at a time: Pace) and the caches, with it, stay within the memory the fit planner leaves for
+faster one at a time: Admission) and the caches, with it, stay within the memory the fit planner leaves for
 them (Memory). It joins by a prefill of its prompt alone, then decodes with the others; rows on different
 budgets decode as separate sub-batches of the same step. Each row keeps its own Request (budgets, limits,
 sampling, stops), so a row's tokens are those it gets alone.
@@ -60,12 +60,13 @@ def cache_room(model: ElasticModel, device: str = "cpu") -> int:
     return free - default_margin(free) - work
 
 
-# Decode seconds timed each way (one row, several) before a batch settles its size (Pace).
+# Decode seconds timed each way (one row, several) before a batch settles its size (Admission).
 PROBE_S = 0.05
 
 
-class Pace:
-    """Whether rows decode faster one at a time or batched, timed on the batch's own first jobs.
+class Admission:
+    """How many rows the batch admits: `max_batch`, or one where rows decode faster one at a time, timed on
+    the batch's own first jobs.
 
     Neither always wins. A lone greedy row runs ahead in the C decode step, a batch takes torch's batched
     step: on the demo model on a CPU one at a time made 3.2x the tokens/s of a batch of 4, while on a 136M
@@ -98,13 +99,13 @@ class Pace:
 
 def run_jobs(model: ElasticModel, jobs: list[Job], max_batch: int = 32, memory: Memory | None = None,
              on_step: Callable[[int], None] | None = None,
-             pace: Pace | None = None) -> Iterator[tuple[Job, Result | LineError]]:
-    """Run every job with continuous batching, up to `max_batch` rows where batching is the faster (Pace);
-    yields (job, Result) as each finishes, or (job, LineError) for one that does not fit in memory even
-    alone. `on_step(tokens)` hears of every step."""
+             admission: Admission | None = None) -> Iterator[tuple[Job, Result | LineError]]:
+    """Run every job with continuous batching, up to `max_batch` rows where batching is the faster
+    (Admission); yields (job, Result) as each finishes, or (job, LineError) for one that does not fit in
+    memory even alone. `on_step(tokens)` hears of every step."""
     if max_batch < 1:
         raise ValueError(f"max_batch={max_batch} must be >= 1")
-    pace = pace or Pace()
+    admission = admission or Admission()
     gen = Generation(model, [], Request())
     waiting = deque(jobs)
     running: dict[int, Job] = {}
@@ -115,7 +116,7 @@ def run_jobs(model: ElasticModel, jobs: list[Job], max_batch: int = 32, memory: 
         return {job.request.think_budget or largest, job.request.answer_budget or largest}
 
     while waiting or gen.rows:
-        while waiting and len(gen.active) < pace.limit(max_batch):
+        while waiting and len(gen.active) < admission.limit(max_batch):
             job = waiting[0]
             if memory is not None and memory.room is not None:
                 cap = max(capacity, job.capacity)
@@ -139,7 +140,7 @@ def run_jobs(model: ElasticModel, jobs: list[Job], max_batch: int = 32, memory: 
         events = gen.step(ahead=True)
         tokens = sum(isinstance(e, Token) and not e.forced for e in events)
         prefill = sum(e.seconds for e in events if isinstance(e, CatchUp))
-        pace.add(rows, tokens, time.perf_counter() - start - prefill)
+        admission.add(rows, tokens, time.perf_counter() - start - prefill)
         if on_step is not None:
             on_step(tokens)
         for i, result in gen.take_finished():

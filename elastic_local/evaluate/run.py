@@ -3,7 +3,7 @@ one budget, answering on another), precision recovery, and a comparison with an 
 model.
 
 Items run as a batch file's requests do (greedy, continuous batching up to `batch_size` rows, or one at a
-time where the first items' timing says that is faster: batch/scheduler.py's Pace), so the time per item
+time where the first items' timing says that is faster: batch/scheduler.py's Admission), so the time per item
 is the run's wall time over its items: comparable between configurations measured the same way, not a
 batch-1 latency.
 """
@@ -80,7 +80,7 @@ def score(model: ElasticModel, its: list[Item], think: str, answer: str, precisi
           batch_size: int = 32, max_think_tokens: int = 512, max_answer_tokens: int = 64) -> Score:
     """Greedy generation of every item with thinking on `think` and the answer on `answer`. (On a CPU the
     demo model's items ran 1.8-2x faster one at a time than in batches of 32, since its tokens take the C
-    decode step: Pace finds that out.)"""
+    decode step: Admission finds that out.)"""
     s = Score(think, answer, precision)
     req = Request(think_budget=think, answer_budget=answer, max_think_tokens=max_think_tokens,
                   max_answer_tokens=max_answer_tokens)
