@@ -39,7 +39,7 @@ def table(title: str, rows: list[tuple[str, str]]) -> Table:
     t.add_column()
     t.title, t.title_justify = title, "left"
     for row in rows:
-        t.add_row(*row)
+        t.add_row(*map(Text, row))  # plain text: a "[" in a description is no markup
     return t
 
 
