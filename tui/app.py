@@ -17,6 +17,12 @@ from .session import ChatSession
 from .start import Options, model_dir, parser
 from .store import Store
 
+# The interpreter's switch interval while the app runs. The generation thread holds no interpreter lock in
+# C (a run ahead's 2 ms of a demo model's tokens), but needs it back between calls; while the UI thread
+# renders, it waited out the default 5 ms each time: the app decoded at 0.56-0.77x `generate`'s rate, and
+# at 0.91-0.98x with 0.2 ms, the reply's wall time unchanged (benchmarks/bench_chat.py, README "The chat app").
+SWITCH_INTERVAL_S = 0.0002
+
 
 class ElasticChat(App):
     """Give it `options` (it loads the model) or a loaded `model`."""
@@ -34,8 +40,11 @@ class ElasticChat(App):
         self.options, self.model, self.store = options, model, store
         self.precision, self.session_options = precision, session_options
         self.session: ChatSession | None = None
+        self._switch_interval = sys.getswitchinterval()  # the process's own, given back at unmount
 
     def on_mount(self) -> None:
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.store = self.store or Store()
         if self.model is None:
             self.push_screen(LoadScreen(self.options))
@@ -57,6 +66,7 @@ class ElasticChat(App):
             self.push_screen(screen)
 
     def on_unmount(self) -> None:
+        sys.setswitchinterval(self._switch_interval)
         if self.session is not None:
             self.session.cancel()
 

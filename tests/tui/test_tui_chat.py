@@ -42,6 +42,19 @@ async def test_a_message_gets_folded_thinking_and_a_markdown_answer(model):
         assert app.screen.query_one(PromptInput).text == ""
 
 
+async def test_the_app_shortens_the_switch_interval_while_it_runs_and_gives_it_back(model):
+    """The generation thread waits for the interpreter between C calls; at the default 5 ms a frame the UI
+    thread rendered cost it that much each time (README, "The chat app")."""
+    import sys
+
+    from elastic_local.tui.app import SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+    async with make_app(model).run_test(size=(80, 24)):
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S) != pytest.approx(before)
+    assert sys.getswitchinterval() == before
+
+
 async def test_a_key_switches_the_answer_budget_mid_reply(model):
     # a short think budget closes thinking early; no limit and no eos can end the answer before the switch
     # (a limit of 4000 tokens did, on a machine that decodes them before the UI shows the first one)
