@@ -2,7 +2,9 @@
 
 The thread only runs `Generation.run()`, one stream's after another; switching and cancelling go
 straight to the generation, which checks them before every step, so they work from any thread at any
-time.
+time. It holds no interpreter lock inside the C decode step but needs it between calls: a consumer that
+runs long stretches of Python (a UI rendering) makes it wait up to the interpreter's switch interval, 5 ms
+by default, each time; elastic-chat sets 0.2 ms while it runs (tui/app.py).
 """
 
 from __future__ import annotations
