@@ -159,16 +159,19 @@ def test_admission_stays_within_the_memory_bound(m, monkeypatch):
 
 def test_admission_times_alone_then_batched_and_keeps_the_faster():
     admission = Admission(probe_s=0.05)
-    assert admission.limit(8) == 1  # the first jobs run alone until 0.05 s of decoding is timed
+    assert admission.limit(8, 100) == 1  # the first jobs run alone until 0.05 s of decoding is timed
     admission.add(1, 100, 0.03)
-    assert admission.limit(8) == 1
+    assert admission.limit(8, 99) == 1
     admission.add(1, 100, 0.03)  # 200 tokens in 0.06 s alone
-    assert admission.limit(8) == 8  # now batched, until as much is timed
+    assert admission.limit(8, 98) == 8  # now batched, until as much is timed
     admission.add(4, 100, 0.06)
-    assert admission.limit(8) == 1  # 1667 tok/s batched against 3333 alone: one at a time from here on
+    assert admission.limit(8, 90) == 1  # 1667 tok/s batched against 3333 alone: one at a time from here on
     admission.add(4, 400, 0.06)
-    assert admission.limit(8) == 8  # 4167 tok/s batched over both steps: batched
-    assert Admission(fixed=True).limit(8) == 8 and Admission().limit(1) == 1
+    assert admission.limit(8, 90) == 8  # 4167 tok/s batched over both steps: batched
+    assert Admission(fixed=True).limit(8, 3) == 8 and Admission().limit(1, 100) == 1
+    small = Admission(probe_s=0.05)  # a short file: the batch timed holds a quarter of the jobs left
+    small.add(1, 100, 0.06)
+    assert small.limit(8, 12) == 3 and small.limit(8, 11) == 3 and small.limit(32, 4) == 3
 
 
 @pytest.mark.parametrize("alone_faster", [True, False])
@@ -189,10 +192,10 @@ def test_a_batch_holds_one_row_where_alone_decodes_faster(m, monkeypatch, alone_
 
     monkeypatch.setattr(Generation, "step", counting)
     lines = [(i + 1, request(f"r{i}", {"messages": user(f"q {i}"), "max_tokens": 6, "max_think_tokens": 3}))
-             for i in range(12)]
+             for i in range(24)]
     jobs = parse(lines, Checker.for_model(m).job)
     out = {job.custom_id: r for job, r in run_jobs(m, jobs, max_batch=4, admission=Rigged())}
-    assert len(out) == 12 and sizes[0] == 1  # the first job timed alone, then a batch timed
+    assert len(out) == 24 and sizes[0] == 1  # the first job timed alone, then a batch timed
     batched = sizes[sizes.index(4):]
     if alone_faster:  # once that batch drained, one at a time
         assert max(batched[batched.index(1):]) == 1

@@ -72,13 +72,16 @@ class Admission:
     step: on the demo model on a CPU one at a time made 3.2x the tokens/s of a batch of 4, while on a 136M
     model a batch of 8 made 1.8x one at a time (benchmarks/bench_batch.py). So the first jobs run alone until
     PROBE_S of decoding is timed, then batched until as much is; from then on the batch admits up to
-    `max_batch` rows, or one where alone was faster. Prefills are left out of both (a row prefills alone
-    either way); the tokens are the same at any batch size. `fixed`: always up to `max_batch`."""
+    `max_batch` rows, or one where alone was faster. The rows timed batched run batched to their end
+    whatever the verdict, so that batch holds at most a quarter of the jobs then waiting: a file of 40 on
+    the demo model no longer committed its last 30 to it. Prefills are left out of both (a row prefills
+    alone either way); the tokens are the same at any batch size. `fixed`: always up to `max_batch`."""
 
     def __init__(self, fixed: bool = False, probe_s: float = PROBE_S):
         self.fixed, self.probe_s = fixed, probe_s
         self.alone = [0, 0.0]  # decoded tokens, seconds
         self.together = [0, 0.0]
+        self.probe_rows: int | None = None  # the batch timed, sized when its timing starts
 
     def add(self, rows: int, tokens: int, seconds: float) -> None:
         """A step of `rows` rows decoded `tokens` tokens in `seconds` (its prefills left out)."""
@@ -86,14 +89,16 @@ class Admission:
         tally[0] += tokens
         tally[1] += seconds
 
-    def limit(self, max_batch: int) -> int:
-        """The rows the batch may hold now."""
+    def limit(self, max_batch: int, waiting: int) -> int:
+        """The rows the batch may hold now (`waiting`: the jobs not admitted yet)."""
         if self.fixed or max_batch == 1:
             return max_batch
         if self.alone[1] < self.probe_s:
             return 1
         if self.together[1] < self.probe_s:
-            return max_batch
+            if self.probe_rows is None:
+                self.probe_rows = min(max_batch, max(2, waiting // 4))
+            return self.probe_rows
         return 1 if self.alone[0] * self.together[1] > self.together[0] * self.alone[1] else max_batch
 
 
@@ -116,7 +121,7 @@ def run_jobs(model: ElasticModel, jobs: list[Job], max_batch: int = 32, memory: 
         return {job.request.think_budget or largest, job.request.answer_budget or largest}
 
     while waiting or gen.rows:
-        while waiting and len(gen.active) < admission.limit(max_batch):
+        while waiting and len(gen.active) < admission.limit(max_batch, len(waiting)):
             job = waiting[0]
             if memory is not None and memory.room is not None:
                 cap = max(capacity, job.capacity)
