@@ -135,6 +135,18 @@ def test_continuous_batching_gives_each_request_its_tokens_alone(m, monkeypatch,
     assert batched["r1"].stats.think_budgets == ["small"] and batched["r2"].stats.answer_budgets == ["small"]
 
 
+def batch_sizes(monkeypatch) -> list[int]:
+    """The rows of every step a Generation takes from here on."""
+    sizes, step = [], Generation.step
+
+    def counting(self, *args, **kwargs):
+        sizes.append(len(self.active))
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Generation, "step", counting)
+    return sizes
+
+
 def test_admission_stays_within_the_memory_bound(m, monkeypatch):
     lines = [(i + 1, request(f"r{i}", {"messages": user(f"question {i}"), "max_tokens": 4, "max_think_tokens": 3}))
              for i in range(6)]
@@ -143,14 +155,7 @@ def test_admission_stays_within_the_memory_bound(m, monkeypatch):
     probe = Memory.of(m, None)
     cap = max(j.capacity for j in jobs[:6])
     room = probe.bytes(2, cap, {"full"})  # two rows of one budget fit, three do not
-    sizes = []
-    step = Generation.step
-
-    def counting(self, *args, **kwargs):
-        sizes.append(len(self.active))
-        return step(self, *args, **kwargs)
-
-    monkeypatch.setattr(Generation, "step", counting)
+    sizes = batch_sizes(monkeypatch)
     out = dict((job.custom_id, r) for job, r in run_jobs(m, jobs, max_batch=8, memory=Memory.of(m, room),
                                                           admission=Admission(fixed=True)))
     assert max(sizes) == 2 and len(out) == 7
@@ -183,14 +188,7 @@ def test_a_batch_holds_one_row_where_alone_decodes_faster(m, monkeypatch, alone_
         def add(self, rows, tokens, seconds):
             super().add(rows, tokens, 0.1 * tokens * (1 if (rows == 1) == alone_faster else 3))
 
-    sizes = []
-    step = Generation.step
-
-    def counting(self, *args, **kwargs):
-        sizes.append(len(self.active))
-        return step(self, *args, **kwargs)
-
-    monkeypatch.setattr(Generation, "step", counting)
+    sizes = batch_sizes(monkeypatch)
     lines = [(i + 1, request(f"r{i}", {"messages": user(f"q {i}"), "max_tokens": 6, "max_think_tokens": 3}))
              for i in range(24)]
     jobs = parse(lines, Checker.for_model(m).job)

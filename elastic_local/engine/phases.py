@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple
 
 from .events import Result, Stats
@@ -93,7 +94,13 @@ class Rules:
     eos: frozenset[int]  # those of them reported as "eos" (none with ignore_eos)
     close_ids: tuple[int, ...]  # appended when the think budget runs out: the closing text, then `</think>`
     context: int | None = None  # tokens a row may fill, prompt included (None: no limit)
-    think_ends: frozenset[int] = frozenset()  # ids that end the thinking phase or the row: stops and `</think>`
+
+    @cached_property
+    def think_ends(self) -> frozenset[int]:
+        """The ids that end the thinking phase or the row: the stops and `</think>` (built once per Rules: a
+        Row asks at every run ahead)."""
+        end = self.specials.think_end
+        return self.stops if end is None else self.stops | {end}
 
     @classmethod
     def of(cls, req: Request, sp: Specials, tokenizer: Tokenizer | None, context: int | None = None) -> Rules:
@@ -102,10 +109,8 @@ class Rules:
         if sp.think_end is not None:
             text = tokenizer.encode(req.think_close) if tokenizer is not None and req.think_close else []
             close = text + [sp.think_end]
-        stops = eos | frozenset(req.stop_ids)
-        think_ends = stops if sp.think_end is None else stops | {sp.think_end}
-        return cls(sp, req.max_think_tokens, req.max_answer_tokens, req.stop, stops, eos, tuple(close), context,
-                   think_ends)
+        return cls(sp, req.max_think_tokens, req.max_answer_tokens, req.stop, eos | frozenset(req.stop_ids), eos,
+                   tuple(close), context)
 
 
 class Piece(NamedTuple):

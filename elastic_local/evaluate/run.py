@@ -79,7 +79,7 @@ class Score:
 def score(model: ElasticModel, its: list[Item], think: str, answer: str, precision: str = "bf16",
           batch_size: int = 32, max_think_tokens: int = 512, max_answer_tokens: int = 64) -> Score:
     """Greedy generation of every item with thinking on `think` and the answer on `answer`. (On a CPU the
-    demo model's items ran 1.8-2x faster one at a time than in batches of 32, since its tokens take the C
+    demo model's items ran 1.7-2.0x faster one at a time than in batches of 32, since its tokens take the C
     decode step: Admission finds that out.)"""
     s = Score(think, answer, precision)
     req = Request(think_budget=think, answer_budget=answer, max_think_tokens=max_think_tokens,
