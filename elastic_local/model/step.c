@@ -662,17 +662,27 @@ typedef struct {
     float scaling, eps;
 } moe;
 
-/* Router (moe.py's route with n_group 1): the top-k of sigmoid scores plus bias, weighted by the scores. */
+/* Router (moe.py's route with n_group 1): the top-k of sigmoid scores plus bias, weighted by the scores.
+   Eight experts' logits at a time where d allows (dot8: eight independent sums, where one expert at a time
+   was a chain of d / 8 dependent multiply-adds and a horizontal sum; 940 TSC cycles a demo layer). */
 static void route(const moe *L, const float *x, int64_t *ids, float *w) {
-    const int64_t E = L->experts, k = L->top_k;
+    const int64_t E = L->experts, k = L->top_k, d = L->d;
     float score[E], choice[E], total = 0.f;
-    for (int64_t e = 0; e < E; e++) {
-        score[e] = 1.f / (1.f + expf(-dot(L->gate + e * L->ld_gate, x, L->d)));
+    int64_t e = 0;
+    if (d % 8 == 0)
+        for (; e + 8 <= E; e += 8) {
+            const float *rows[8];
+            for (int t = 0; t < 8; t++) rows[t] = L->gate + (e + t) * L->ld_gate;
+            _mm256_storeu_ps(score + e, dot8(x, rows, d));
+        }
+    for (; e < E; e++) score[e] = dot(L->gate + e * L->ld_gate, x, d);
+    for (e = 0; e < E; e++) {
+        score[e] = 1.f / (1.f + expf(-score[e]));
         choice[e] = score[e] + L->bias[e];
     }
     for (int64_t i = 0; i < k; i++) { /* best first */
         int64_t best = -1;
-        for (int64_t e = 0; e < E; e++)
+        for (e = 0; e < E; e++)
             if (choice[e] != -INFINITY && (best < 0 || choice[e] > choice[best])) best = e;
         ids[i] = best;
         choice[best] = -INFINITY;
