@@ -441,7 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=whole(0), default=1024, metavar="N",
                    help="answer token limit (default 1024; the model's context also ends a reply)")
     p.add_argument("--think-close", metavar="TEXT",
-                   help="text appended before </think> when the think budget runs out ('' for none)")
+                   help="text appended before </think> when the think budget runs out ('' for none; "
+                        "default: the checkpoint's generation_config.json think_close, else NVIDIA's sentence)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
     p.add_argument("--top-k", type=whole(0), default=0)
     p.add_argument("--top-p", type=float, default=1.0)

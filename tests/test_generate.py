@@ -6,6 +6,7 @@ every catch-up — prefill, think -> answer hand-over, live switch — fed each 
 of the sequence."""
 
 import gc
+import json
 import threading
 import time
 
@@ -13,10 +14,14 @@ import pytest
 import torch
 from gen_util import assert_argmax, at_a_real_models_pace, elastic_model, runs_ahead, sampled_tokens
 
+import elastic_local
+from elastic_local.batch import Checker
+from elastic_local.batch.requests import CHAT
 from elastic_local.engine import sampling
 from elastic_local.engine.caches import take_rows, transplant
 from elastic_local.engine.events import CatchUp, Done, Switch, Token
 from elastic_local.engine.generate import Generation, Request, Specials
+from elastic_local.engine.phases import THINK_CLOSE
 from elastic_local.engine.sampling import Sampling, draw, logits_to_probs, nucleus, sample
 from elastic_local.engine.tokenizer import IncrementalDecoder
 
@@ -66,6 +71,40 @@ def test_think_budget_closes_thinking_exactly(m):
         assert r.think_text.endswith(CLOSE)
     _, [r] = run(m, [prompt], max_think_tokens=5, max_answer_tokens=3, ignore_eos=True, think_close="")
     assert r.think_ids[5:] == [m.specials.think_end]
+
+
+def test_the_checkpoint_names_its_closing_text_and_a_request_overrides_it(tmp_path):
+    """generation_config.json's "think_close" closes thinking that the think budget cuts short where the
+    request names no text; the request's own text wins, "" too; with neither, NVIDIA's sentence. One that
+    is not a string is refused, naming the file."""
+    m = elastic_model(tmp_path, seed=3)
+    file, prompt, end = tmp_path / "generation_config.json", m.chat_prompt("count"), m.specials.think_end
+
+    def closing(**options) -> list[int]:
+        request = Request(max_think_tokens=2, max_answer_tokens=1, ignore_eos=True, **options)
+        return list(Generation(m, [prompt], request).run())[-1].results[0].think_ids[2:]
+
+    gen = json.loads(file.read_text())
+    assert "think_close" not in gen and closing() == m.tokenizer.encode(THINK_CLOSE) + [end]
+    file.write_text(json.dumps({**gen, "think_close": "ok."}))
+    assert closing() == m.tokenizer.encode("ok.") + [end]
+    assert closing(think_close="") == [end] and closing(think_close="go") == m.tokenizer.encode("go") + [end]
+    file.write_text(json.dumps({**gen, "think_close": 3}))
+    with pytest.raises(ValueError, match=r"generation_config.json: think_close must be a string"):
+        closing()
+
+
+def test_the_demo_model_closes_cut_thinking_with_a_bare_end_of_thinking():
+    """The embedded demo model's generation_config.json names "" (its corpus never holds NVIDIA's sentence),
+    and the batch runner sizes a request by the same closing text: one token, not the sentence's."""
+    demo = elastic_local.load()
+    assert demo.specials.think_close == ""
+    r = demo.generate(demo.chat_prompt("What is 347 + 589?"), max_think_tokens=3, max_answer_tokens=2)
+    assert r.think_end == "budget" and r.think_ids[3:] == [demo.specials.think_end]
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_think_tokens": 3, "max_tokens": 2}
+    for checker in (Checker.for_model(demo), Checker.for_checkpoint(demo.path)):
+        job = checker.job(1, "a", CHAT, body)
+        assert job.capacity == len(job.prompt) + 3 + 1 + 2
 
 
 def test_a_stop_inside_thinking_says_so(m):

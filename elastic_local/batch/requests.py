@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..engine.chat import render_prompt
+from ..engine.elastic_model import generation_config
 from ..engine.phases import Request, Row, Rules, Specials
 from ..engine.tokenizer import Tokenizer
 
@@ -92,10 +93,11 @@ class Checker:
     """Turns a parsed line into a Job with the model's numbers: budget names, tokenizer, context."""
 
     def __init__(self, budgets: list[str], tokenizer: Tokenizer | None, context: int, vocab_size: int,
-                 defaults: Defaults = Defaults()):
+                 defaults: Defaults = Defaults(), think_close: str | None = None):
         self.budgets, self.tokenizer, self.context = budgets, tokenizer, context
         self.vocab_size, self.defaults = vocab_size, defaults
-        self.specials = Specials(*tokenizer.think_ids) if tokenizer is not None else Specials()
+        think = tokenizer.think_ids if tokenizer is not None else (None, None)
+        self.specials = Specials(*think, think_close=think_close)  # the capacity a request needs
 
     @classmethod
     def for_checkpoint(cls, path: str | Path, context: int | None = None, defaults: Defaults = Defaults()) -> Checker:
@@ -106,12 +108,13 @@ class Checker:
         path = Path(path)
         cfg = NemotronHConfig.from_dir(path)
         budgets = list(read_budgets(cfg, where=str(path / "config.json")))
-        return cls(budgets, Tokenizer.from_dir(path), context or max_context(cfg), cfg.vocab_size, defaults)
+        return cls(budgets, Tokenizer.from_dir(path), context or max_context(cfg), cfg.vocab_size, defaults,
+                   generation_config(path)[1])
 
     @classmethod
     def for_model(cls, model: ElasticModel, context: int | None = None, defaults: Defaults = Defaults()) -> Checker:
         return cls(model.budgets, model.tokenizer, context or max_context(model.config), model.config.vocab_size,
-                   defaults)
+                   defaults, model.specials.think_close)
 
     def job(self, line: int, custom_id: str, url: str, body: dict) -> Job | LineError:
         def bad(code: str, message: str) -> LineError:

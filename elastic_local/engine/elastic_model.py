@@ -93,26 +93,18 @@ class ElasticModel:
 
     @property
     def specials(self) -> Specials:
-        """`<think>` / `</think>` ids (from the tokenizer) and every eos id the checkpoint names
-        (config.json, generation_config.json, tokenizer_config.json)."""
-        eos: set[int] = set()
-
-        def add(v) -> None:
-            if v is not None:
-                eos.update(v if isinstance(v, list) else [v])
-
-        add(self.config.eos_token_id)
-        if self.path is not None and (Path(self.path) / "generation_config.json").is_file():
-            file = Path(self.path) / "generation_config.json"
-            try:
-                add(json.loads(file.read_text()).get("eos_token_id"))
-            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
-                raise ValueError(f"{file}: not a valid generation config ({e}); fix or remove it") from None
+        """`<think>` / `</think>` ids (from the tokenizer), every eos id the checkpoint names (config.json,
+        generation_config.json, tokenizer_config.json) and its closing text for thinking cut short."""
+        eos, close = generation_config(self.path)
+        if isinstance(self.config.eos_token_id, list):
+            eos.update(self.config.eos_token_id)
+        elif self.config.eos_token_id is not None:
+            eos.add(self.config.eos_token_id)
         start = end = None
         if self.tokenizer is not None:
             eos |= self.tokenizer.eos_ids
             start, end = self.tokenizer.think_ids
-        return Specials(start, end, frozenset(eos))
+        return Specials(start, end, frozenset(eos), close)
 
     def generate(self, prompt_ids: Prompt | Sequence[Prompt], *, cancel: threading.Event | None = None,
                  **options) -> Result | list[Result]:
@@ -182,3 +174,22 @@ def _prompts(p) -> tuple[list[list[int]], bool]:
     if p and isinstance(p[0], (Sequence, torch.Tensor)):
         return [q.tolist() if isinstance(q, torch.Tensor) else list(q) for q in p], False
     return [[int(x) for x in p]], True
+
+
+def generation_config(path: str | Path | None) -> tuple[set[int], str | None]:
+    """The eos ids a checkpoint directory's generation_config.json names, and its "think_close": the text
+    that closes thinking cut short by a think token budget (None: it names none, and phases.THINK_CLOSE,
+    NVIDIA's sentence, is used; a model trained without that sentence may answer better after a bare
+    `</think>`, "", as the embedded demo model does). A broken file is a ValueError naming it."""
+    file = None if path is None else Path(path) / "generation_config.json"
+    if file is None or not file.is_file():
+        return set(), None
+    try:
+        gen = json.loads(file.read_text())
+        eos, close = gen.get("eos_token_id"), gen.get("think_close")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise ValueError(f"{file}: not a valid generation config ({e}); fix or remove it") from None
+    if close is not None and not isinstance(close, str):
+        raise ValueError(f"{file}: think_close must be a string (\"\" closes thinking with </think> alone), got "
+                         f"{close!r}; fix or remove it")
+    return set(eos if isinstance(eos, list) else [] if eos is None else [eos]), close

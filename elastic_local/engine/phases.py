@@ -24,7 +24,8 @@ from .tokenizer import Tokenizer
 PHASES = ("think", "answer")
 UNLIMITED = 2**62  # Row.run_ahead's count where no limit is set
 # The text appended before `</think>` when the think token budget runs out (the recipe NVIDIA's and
-# Qwen's budget-control examples use; "" appends `</think>` alone).
+# Qwen's budget-control examples use; "" appends `</think>` alone), where neither the request nor the
+# checkpoint (generation_config.json's "think_close") names one.
 THINK_CLOSE = ("\n\nConsidering the limited time by the user, I have to give the solution based on the thinking "
                "directly now.\n")
 
@@ -36,6 +37,7 @@ class Specials:
     think_start: int | None = None
     think_end: int | None = None
     eos: frozenset[int] = frozenset()
+    think_close: str | None = None  # the checkpoint's closing text (generation_config.json), if it names one
 
 
 @dataclass
@@ -54,7 +56,7 @@ class Request:
     stop: tuple[str, ...] = ()  # stop strings, matched in the answer text (thinking is never cut)
     stop_ids: tuple[int, ...] = ()  # extra stop token ids, in either phase
     ignore_eos: bool = False  # keep going past eos (benchmarks)
-    think_close: str = THINK_CLOSE
+    think_close: str | None = None  # None: the checkpoint's (Specials.think_close), else THINK_CLOSE
     transplant: bool = False  # a budget taking over reuses another budget's states (approximate)
 
     def __post_init__(self) -> None:
@@ -107,7 +109,8 @@ class Rules:
         eos = frozenset() if req.ignore_eos else sp.eos
         close: list[int] = []
         if sp.think_end is not None:
-            text = tokenizer.encode(req.think_close) if tokenizer is not None and req.think_close else []
+            said = next(t for t in (req.think_close, sp.think_close, THINK_CLOSE) if t is not None)
+            text = tokenizer.encode(said) if tokenizer is not None and said else []
             close = text + [sp.think_end]
         return cls(sp, req.max_think_tokens, req.max_answer_tokens, req.stop, eos | frozenset(req.stop_ids), eos,
                    tuple(close), context)
