@@ -20,7 +20,8 @@ from .store import Store
 # The interpreter's switch interval while the app runs. The generation thread holds no interpreter lock in
 # C (a run ahead's 2 ms of a demo model's tokens), but needs it back between calls; while the UI thread
 # renders, it waited out the default 5 ms each time: the app decoded at 0.56-0.77x `generate`'s rate, and
-# at 0.91-0.98x with 0.2 ms, the reply's wall time unchanged (benchmarks/bench_chat.py, README "The chat app").
+# at 0.91-0.98x with 0.2 ms set for the whole process and 0.80-1.08x through this setting, the reply's wall time
+# unchanged (benchmarks/bench_chat.py, README "The chat app").
 SWITCH_INTERVAL_S = 0.0002
 
 
@@ -43,7 +44,6 @@ class ElasticChat(App):
         self._switch_interval = sys.getswitchinterval()  # the process's own, given back at unmount
 
     def on_mount(self) -> None:
-        self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.store = self.store or Store()
         if self.model is None:

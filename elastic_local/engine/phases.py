@@ -167,12 +167,8 @@ class Row:
 
     def accept(self, tok: int) -> list[Piece]:
         """Append a sampled token and move the phase machine."""
-        r = self.rules
-        self.ids.append(tok)
-        phase = self.phase
-        self.generated[phase] += 1
-        if phase == "think":
-            self.think_len += 1
+        r, phase = self.rules, self.phase
+        self._append((tok,))
         if tok in r.stops:
             reason = "eos" if tok in r.eos else "stop"
             return [Piece(tok, self._finish(reason, flush=True), phase, False)]
@@ -200,12 +196,16 @@ class Row:
         last may end the phase or the row, and is accepted alone."""
         *plain, last = tokens
         if plain:
-            self.ids += plain
-            self.generated[self.phase] += len(plain)
-            if self.phase == "think":
-                self.think_len += len(plain)
+            self._append(plain)
             self._push_text(plain)
         self.accept(last)
+
+    def _append(self, tokens: Sequence[int]) -> None:
+        """Sampled tokens onto the sequence and its phase's counts."""
+        self.ids += tokens
+        self.generated[self.phase] += len(tokens)
+        if self.phase == "think":
+            self.think_len += len(tokens)
 
     def run_ahead(self) -> tuple[int, frozenset[int]]:
         """How many tokens the row can take before one of them may end its phase or the row by a count (a

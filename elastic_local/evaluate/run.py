@@ -84,6 +84,7 @@ def score(model: ElasticModel, its: list[Item], think: str, answer: str, precisi
     s = Score(think, answer, precision)
     req = Request(think_budget=think, answer_budget=answer, max_think_tokens=max_think_tokens,
                   max_answer_tokens=max_answer_tokens)
+    # a Job's capacity is read only against a Memory (batch files), which eval does not set: 0
     jobs = [Job(i, str(i), COMPLETION, model.chat_prompt(prompt_messages(it)), req, None, 0)
             for i, it in enumerate(its)]
     t0 = time.perf_counter()
