@@ -131,4 +131,5 @@ def runs_ahead(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(CacheSet, "run_ahead", record)
     monkeypatch.setattr(generate, "RUN_AHEAD_S", 1.0)
+    monkeypatch.setattr(generate, "QUIET_RUN_AHEAD_S", 1.0)
     return lengths

@@ -131,6 +131,9 @@ class IncrementalDecoder:
 
     def flush(self) -> str:
         """Whatever is still held back (an unfinished character comes out as U+FFFD)."""
+        if self.read == len(self.ids):  # nothing held back: two decodes of the last window would say ""
+            self.prefix = self.read
+            return ""
         done = self.tokenizer.decode(self.ids[self.prefix:self.read])
         text = self.tokenizer.decode(self.ids[self.prefix:])
         self.prefix = self.read = len(self.ids)
