@@ -1,6 +1,7 @@
 """model/step.c, the C decode step: one-token steps of one sequence against transformers (the oracle) and
 against the torch path, for every block kind, budget and precision; and where it hands over to torch."""
 
+import ctypes
 import os
 from dataclasses import FrozenInstanceError, replace
 
@@ -308,6 +309,57 @@ def test_a_step_gives_the_same_bits_on_any_thread_count(nested):
             assert all(torch.equal(runs[0], r) for r in runs[1:]), name
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_threads_shares_of_the_products_change_no_bit(nested):
+    """A step shares its products among the threads by the shares it learned (step.c's rebalance): started
+    from the most lopsided shares it allows, and moving back toward equal ones call by call, every step's
+    logits are those of equal shares to the bit; each call leaves shares that sum to 1."""
+    m = elastic_local.load(nested)
+    prompt = torch.randint(0, 96, (9,), generator=torch.Generator().manual_seed(14))
+    before = torch.get_num_threads()
+    try:
+        for threads, lopsided in ((2, [0.25, 0.75]), (3, [2 / 3, 1 / 6, 1 / 6])):
+            torch.set_num_threads(threads)
+            for name in m.budgets:
+                m.net.c_steps.clear()
+                want = greedy(m.net, m.budget(name), prompt, 24)[0]
+                m.net.c_steps.clear()
+                m.net.c_steps[m.budget(name)] = c = step.build(m.net, m.budget(name))
+                c.balance[0], c.balance[1:1 + threads] = threads, lopsided
+                got = greedy(m.net, m.budget(name), prompt, 24)[0]
+                assert torch.equal(got, want), (threads, name)
+                assert len(c.shares) == threads and sum(c.shares) == pytest.approx(1.0)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_shares_move_toward_the_threads_speeds_within_bounds():
+    """rebalance: a quarter of the way from the shares toward each thread's speed (weights a cycle) a call,
+    no share below 1 / 2T; equal speeds keep equal shares; shares learned for another thread count start
+    from equal ones; no timing (a thread with no products timed) changes nothing."""
+    lib = gemv.library()
+    lib.rebalance.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+    lib.rebalance.restype = None
+
+    def call(balance, cycles, weights):
+        arrays = [(ctypes.c_double * len(v))(*v) for v in (cycles, weights)]
+        lib.rebalance(balance, len(cycles), *arrays)
+        return list(balance[1:1 + int(balance[0])])
+
+    balance = (ctypes.c_double * 65)()
+    assert call(balance, [100.0, 100.0], [50.0, 50.0]) == pytest.approx([0.5, 0.5])
+    shares = [call(balance, [100.0, 200.0], [50.0, 50.0]) for _ in range(40)]  # thread 1 half as fast
+    assert shares[0] == pytest.approx([0.5 + 0.25 / 6, 0.5 - 0.25 / 6])
+    assert shares[-1] == pytest.approx([2 / 3, 1 / 3], abs=1e-3)
+    for _ in range(40):
+        last = call(balance, [100.0, 1e6], [50.0, 50.0])  # thread 1 all but stopped: the bound holds
+    assert last == pytest.approx([0.75, 0.25], abs=1e-5)
+    assert call(balance, [100.0, 0.0], [50.0, 0.0]) == last  # nothing timed on thread 1
+    assert call(balance, [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]) == pytest.approx([1 / 3] * 3)  # three threads now
+    for _ in range(60):
+        last = call(balance, [1.0, 1e6, 1e6], [1.0, 1.0, 1.0])  # two stalled: the floor for both
+    assert last == pytest.approx([2 / 3, 1 / 6, 1 / 6], abs=1e-6) and sum(last) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("conv_kernel", [3, 4])

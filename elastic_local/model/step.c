@@ -14,6 +14,7 @@
  * described by `weight` (any format gemv.c reads); heads are rank-major (layout.py).
  */
 #include <immintrin.h>
+#include <x86intrin.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <math.h>
@@ -134,15 +135,78 @@ static inline int64_t unit_edge(const weight *w, int64_t n) {
 /* An output's share of a product's work (one even with no inputs: its zeros are still written). */
 static inline int64_t weights_per_output(const weight *w) { return w->in > 0 ? w->in : 1; }
 
+/* How the products are shared among the threads: each thread's share of their weights, kept per decode step
+ * (`step.balance`) and moved after each call toward the threads' speeds, as timed on their products. A
+ * thread that runs slower (a core that also takes the machine's interrupts or the chat app's drawing, a
+ * VM's vCPU whose neighbour is busy, an efficiency core) then gets less; threads of equal speed keep
+ * equal shares, whatever else makes one of them wait (the panels that do not halve, the Mamba groups).
+ * Which thread computes an output never changes its bits. */
+#define BALANCED 64 /* the most threads a step keeps shares for (more: equal shares) */
+
+static __thread const double *cuts_here; /* the region's cumulative shares [threads + 1], 0 to 1 */
+static __thread double *tally_here;      /* this thread's {product cycles, weights} on a timed token, or NULL */
+
+/* The cumulative shares for a team of `team` from balance ([0]: the team it was learned on, then each
+   thread's share), equal where it holds none for this team. Every thread computes the same numbers. */
+static void cuts_of(const double *balance, int64_t team, double *cut) {
+    const int kept = balance && team <= BALANCED && balance[0] == (double)team;
+    cut[0] = 0.;
+    for (int64_t t = 1; t < team; t++) cut[t] = kept ? cut[t - 1] + balance[t] : (double)t / (double)team;
+    cut[team] = 1.;
+}
+
+/* Where part p of `parts` begins in `total` weights. */
+static inline int64_t cut_at(int64_t total, int64_t p, int64_t parts) {
+    if (p <= 0) return 0;
+    if (p >= parts) return total;
+    return cuts_here ? (int64_t)((double)total * cuts_here[p]) : total * p / parts;
+}
+
+/* Move balance's shares a quarter of the way toward the threads' speeds (weights a cycle, from `cycles` and
+   `weights`, one each per thread): one call's few timed tokens are noisy. The speeds' proportions are
+   raised to at least 1 / 2T each (the others scaled down to make room), so that a thread stalled in one
+   call keeps work to be timed on in the next; the shares, steps between such targets, sum to 1 and stay
+   above that floor too. */
+void rebalance(double *balance, int64_t team, const double *cycles, const double *weights) {
+    if (!balance || team < 2 || team > BALANCED) return;
+    const double least = .5 / (double)team;
+    double target[team], all = 0.;
+    int low[team];
+    for (int64_t t = 0; t < team; t++) {
+        if (!(cycles[t] > 0.) || !(weights[t] > 0.)) return;
+        all += target[t] = weights[t] / cycles[t];
+        low[t] = 0;
+    }
+    for (int64_t t = 0; t < team; t++) target[t] /= all;
+    for (int64_t pass = 0; pass < team; pass++) { /* raise the lowest, scale the rest into what is left */
+        double rest = 0., fixed = 0.;
+        int raised = 0;
+        for (int64_t t = 0; t < team; t++)
+            if (!low[t] && target[t] < least) low[t] = raised = 1;
+        if (!raised) break;
+        for (int64_t t = 0; t < team; t++)
+            if (low[t]) target[t] = least, fixed += least;
+            else rest += target[t];
+        for (int64_t t = 0; t < team; t++)
+            if (!low[t]) target[t] *= (1. - fixed) / rest;
+    }
+    const int kept = balance[0] == (double)team;
+    for (int64_t t = 0; t < team; t++) {
+        const double old = kept ? balance[1 + t] : 1. / (double)team;
+        balance[1 + t] = old + .25 * (target[t] - old);
+    }
+    balance[0] = (double)team;
+}
+
 /* This thread's outputs of each of `count` products (their n0, n1): the products' weights laid end to end
-   and cut into one equal run per thread, at whole units. Neighbouring threads compute the same cut from the
-   same number, so the runs tile every product. Products too narrow to share alone (a few panels: expert
-   ups, k and v, a budget's in_proj parts) keep every thread busy together. */
+   and cut into one run per thread (its share, cuts_here), at whole units. Neighbouring threads compute the
+   same cut from the same numbers, so the runs tile every product. Products too narrow to share alone (a
+   few panels: expert ups, k and v, a budget's in_proj parts) keep every thread busy together. */
 static void own(product *p, int count) {
     const int64_t parts = threads_here(), part = thread_here();
     int64_t total = 0;
     for (int i = 0; i < count; i++) total += p[i].w->out * weights_per_output(p[i].w);
-    const int64_t lo = total * part / parts, hi = total * (part + 1) / parts;
+    const int64_t lo = cut_at(total, part, parts), hi = cut_at(total, part + 1, parts);
     for (int64_t i = 0, start = 0; i < count; i++) {
         const weight *w = p[i].w;
         const int64_t K = weights_per_output(w);
@@ -171,10 +235,29 @@ static void run(const product *p) {
     }
 }
 
+/* The weights a thread's part of a product reads: whole panels (the last one's padding too, which the
+   speeds would otherwise charge to the thread that owns it), or rows. */
+static int64_t weights_read(const product *p) {
+    const weight *w = p->w;
+    if (p->n1 <= p->n0) return 0;
+    if (w->format != PANELS_F32 && w->format != PANELS_BF16) return (p->n1 - p->n0) * weights_per_output(w);
+    return ((w->skip + p->n1 + PW - 1) / PW - (w->skip + p->n0) / PW) * PW * weights_per_output(w);
+}
+
+/* Run this thread's part of `count` products (own's), timed on a timed token (tally_here). */
+static void runs(const product *p, int count) {
+    const unsigned long long t0 = tally_here ? __rdtsc() : 0;
+    for (int i = 0; i < count; i++) run(&p[i]);
+    if (tally_here) {
+        tally_here[0] += (double)(__rdtsc() - t0);
+        for (int i = 0; i < count; i++) tally_here[1] += (double)weights_read(&p[i]);
+    }
+}
+
 /* This thread's share of `count` products (outputs complete after the next barrier). */
 static void products(product *p, int count) {
     own(p, count);
-    for (int i = 0; i < count; i++) run(&p[i]);
+    runs(p, count);
 }
 
 /* e^v for 8 floats: Cephes' expf (2^n times a degree-6 polynomial on [-ln2/2, ln2/2]), within 2 ulp of
@@ -724,10 +807,8 @@ static void moe_block(const moe *L, const float *in, float *h, float *sh, float 
     for (int64_t i = 0; i <= k; i++) relu2(up[i].y, up[i].n0, up[i].n1);
     meet(me);
     own(down, 1);
-    for (int64_t i = 0; i <= k; i++) {
-        down[i].n0 = down[0].n0, down[i].n1 = down[0].n1;
-        run(&down[i]);
-    }
+    for (int64_t i = 1; i <= k; i++) down[i].n0 = down[0].n0, down[i].n1 = down[0].n1;
+    runs(down, (int)k + 1);
     for (int64_t c = down[0].n0; c < down[0].n1; c++) {
         float acc = 0.f;
         for (int64_t i = 0; i < k; i++) acc += outs[i * d + c] * w[i];
@@ -779,6 +860,7 @@ typedef struct {
     const weight *lm_head;
     int64_t d;
     float eps;
+    double *balance;         /* [1 + BALANCED]: the threads' shares of the products (`rebalance`), or NULL */
 } step;
 
 /* The first largest of v[0..n), a NaN counted largest (numpy's argmax, which the engine's greedy sampling
@@ -841,7 +923,9 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
                                               thread's only): every thread routes the MoE blocks itself, so
                                               all of them compute in the same mode */
     meeting all = {0, 0};
-    int64_t ran = 0;
+    double tally[threads > 1 ? threads : 1][8]; /* each thread's {product cycles, weights}, a line apart */
+    memset(tally, 0, sizeof tally);
+    int64_t ran = 0, team_size = 1;
     int halted = 0; /* thread 0's reading of *halt, shared through the meet after the head */
     #pragma omp parallel num_threads(threads)
     {
@@ -849,9 +933,14 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
         member me = {&all, 0, team, team > omp_procs() ? 64 : 1 << 14};
         const unsigned int own_csr = _mm_getcsr();
         _mm_setcsr(csr);
+        double cut[team + 1];
+        cuts_of(s->balance, team, cut);
+        cuts_here = cut;
+        if (thread_here() == 0) team_size = team;
         float *x = buf + shared + thread_here() * dx;
         const float *in = s->embed + token * s->ld_embed; /* the residual stream into the next block */
         for (int64_t t = 0; t < n; t++) {
+            tally_here = team > 1 && t % 4 == 0 ? tally[thread_here()] : NULL; /* a token in four timed */
             for (int64_t i = 0; i < blocks; i++) {
                 float *a = s->state[2 * i], *b = s->state[2 * i + 1];
                 const void *L = s->blocks[i].args;
@@ -878,9 +967,15 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
             if (stop || t + 1 == n) break;
             in = s->embed + tok * s->ld_embed;
         }
+        cuts_here = NULL, tally_here = NULL;
         _mm_setcsr(own_csr);
     }
     free(buf);
+    if (team_size > 1) {
+        double cycles[team_size], weights[team_size];
+        for (int64_t t = 0; t < team_size; t++) cycles[t] = tally[t][0], weights[t] = tally[t][1];
+        rebalance(s->balance, team_size, cycles, weights);
+    }
     return out ? ran : 1;
 }
 

@@ -184,7 +184,10 @@ class Step(ctypes.Structure):
     """step.c's `step`: what a budget's decode step reads that does not change from token to token."""
 
     _fields_ = [("blocks", _P), ("n", _I), ("state", _P), ("capacity", _P), ("h", _P), ("embed", _P),
-                ("ld_embed", _I), ("norm", _P), ("lm_head", _P), ("d", _I), ("eps", _F)]
+                ("ld_embed", _I), ("norm", _P), ("lm_head", _P), ("d", _I), ("eps", _F), ("balance", _P)]
+
+
+BALANCED = 64  # step.c's: the most threads whose shares of the products a step keeps
 
 
 class DecodeStep:
@@ -220,9 +223,13 @@ class DecodeStep:
         self.table = (Block * n)(*(Block(ord(kind), ctypes.addressof(args)) for _, kind, args in self.blocks))
         self.state, self.capacity = (_P * (2 * n))(), (_I * max(n, 1))()  # the cache's
         self.attention = [(j, i) for j, (i, kind, _) in enumerate(self.blocks) if kind == "*"]
+        # the threads' shares of the products, learned call by call (step.c's rebalance): [0] the thread
+        # count they are for (0: none yet, equal shares), then one per thread
+        self.balance = (ctypes.c_double * (1 + BALANCED))()
         self.args = Step(ctypes.addressof(self.table), n, ctypes.addressof(self.state),
                          ctypes.addressof(self.capacity), self.h.data_ptr(), embed.data_ptr(), embed.stride(0),
-                         _floats(net.norm_f[:d]), ctypes.addressof(self.lm_head), d, net.cfg.layer_norm_epsilon)
+                         _floats(net.norm_f[:d]), ctypes.addressof(self.lm_head), d, net.cfg.layer_norm_epsilon,
+                         ctypes.addressof(self.balance))
         self._args = ctypes.byref(self.args)
         self._bound: weakref.ref[HybridCache] | None = None  # the cache whose Mamba states `state` holds
         self.lib, self.keep = lib, keep
@@ -240,6 +247,12 @@ class DecodeStep:
                 raise _out_of_memory(pos)
         cache.lengths = [pos + 1]
         return logits
+
+    @property
+    def shares(self) -> list[float] | None:
+        """Each thread's share of the products as the last call left it (None: equal shares so far)."""
+        team = int(self.balance[0])
+        return list(self.balance[1:1 + team]) if team else None
 
     def greedy(self, token: int, cache: HybridCache, n: int, stops: Collection[int],
                halt: Tensor | None = None) -> list[int]:
