@@ -32,14 +32,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 RUNS = '''    for (int i = 0; i < count; i++) run(&p[i]);
-    if (tally_here) {'''
+    if (me->tally) {'''
 SLOWED = '''    for (int i = 0; i < count; i++) run(&p[i]);
     if (thread_here() == 1 && SLOW > 1.) { /* bench_balance.py: a core 1 / SLOW as fast */
         const unsigned long long spent = __rdtsc() - t_slow;
         const unsigned long long until = __rdtsc() + (unsigned long long)((SLOW - 1.) * spent);
         while (__rdtsc() < until) _mm_pause();
     }
-    if (tally_here) {'''
+    if (me->tally) {'''
 
 
 def build(where: Path, slow: float) -> ctypes.CDLL:
@@ -50,7 +50,7 @@ def build(where: Path, slow: float) -> ctypes.CDLL:
     for src in gemv.SOURCES:
         text = src.read_text()
         if src.name == "step.c":
-            start = "    const unsigned long long t0 = tally_here ? __rdtsc() : 0;\n"
+            start = "    const unsigned long long t0 = me->tally ? __rdtsc() : 0;\n"
             if RUNS not in text or start not in text:
                 raise SystemExit("step.c's runs() changed: update bench_balance.py's patch")
             text = text.replace(start, start + "    const unsigned long long t_slow = __rdtsc();\n", 1)

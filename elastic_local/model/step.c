@@ -70,10 +70,12 @@ typedef struct { /* one decode_token call's: rounds arrived at and passed, count
     _Alignas(64) atomic_llong passed;
 } meeting;
 
-typedef struct { /* one thread's view of its meeting */
+typedef struct { /* one thread's view of its meeting, and of how the products are shared (`own`) */
     meeting *all;
     int64_t round, threads;
-    int64_t patience; /* pause turns before a waiting thread yields its core */
+    int64_t patience;  /* pause turns before a waiting thread yields its core */
+    const double *cut; /* the threads' cumulative shares [threads + 1], 0 to 1 */
+    double *tally;     /* this thread's {product cycles, weights read} on a timed token, or NULL */
 } member;
 
 /* Wait until every thread of the region has arrived here: what each wrote before is then visible to all
@@ -143,9 +145,6 @@ static inline int64_t weights_per_output(const weight *w) { return w->in > 0 ? w
  * Which thread computes an output never changes its bits. */
 #define BALANCED 64 /* the most threads a step keeps shares for (more: equal shares) */
 
-static __thread const double *cuts_here; /* the region's cumulative shares [threads + 1], 0 to 1 */
-static __thread double *tally_here;      /* this thread's {product cycles, weights} on a timed token, or NULL */
-
 /* The cumulative shares for a team of `team` from balance ([0]: the team it was learned on, then each
    thread's share), equal where it holds none for this team. Every thread computes the same numbers. */
 static void cuts_of(const double *balance, int64_t team, double *cut) {
@@ -155,11 +154,11 @@ static void cuts_of(const double *balance, int64_t team, double *cut) {
     cut[team] = 1.;
 }
 
-/* Where part p of `parts` begins in `total` weights. */
-static inline int64_t cut_at(int64_t total, int64_t p, int64_t parts) {
+/* Where part p of `parts` begins in `total` weights (cut: the cumulative shares). */
+static inline int64_t cut_at(int64_t total, int64_t p, int64_t parts, const double *cut) {
     if (p <= 0) return 0;
     if (p >= parts) return total;
-    return cuts_here ? (int64_t)((double)total * cuts_here[p]) : total * p / parts;
+    return (int64_t)((double)total * cut[p]);
 }
 
 /* Move balance's shares a quarter of the way toward the threads' speeds (weights a cycle, from `cycles` and
@@ -199,14 +198,14 @@ void rebalance(double *balance, int64_t team, const double *cycles, const double
 }
 
 /* This thread's outputs of each of `count` products (their n0, n1): the products' weights laid end to end
-   and cut into one run per thread (its share, cuts_here), at whole units. Neighbouring threads compute the
+   and cut into one run per thread (its share, me->cut), at whole units. Neighbouring threads compute the
    same cut from the same numbers, so the runs tile every product. Products too narrow to share alone (a
    few panels: expert ups, k and v, a budget's in_proj parts) keep every thread busy together. */
-static void own(product *p, int count) {
+static void own(const member *me, product *p, int count) {
     const int64_t parts = threads_here(), part = thread_here();
     int64_t total = 0;
     for (int i = 0; i < count; i++) total += p[i].w->out * weights_per_output(p[i].w);
-    const int64_t lo = cut_at(total, part, parts), hi = cut_at(total, part + 1, parts);
+    const int64_t lo = cut_at(total, part, parts, me->cut), hi = cut_at(total, part + 1, parts, me->cut);
     for (int64_t i = 0, start = 0; i < count; i++) {
         const weight *w = p[i].w;
         const int64_t K = weights_per_output(w);
@@ -244,20 +243,20 @@ static int64_t weights_read(const product *p) {
     return ((w->skip + p->n1 + PW - 1) / PW - (w->skip + p->n0) / PW) * PW * weights_per_output(w);
 }
 
-/* Run this thread's part of `count` products (own's), timed on a timed token (tally_here). */
-static void runs(const product *p, int count) {
-    const unsigned long long t0 = tally_here ? __rdtsc() : 0;
+/* Run this thread's part of `count` products (own's), timed on a timed token (me->tally). */
+static void runs(const member *me, const product *p, int count) {
+    const unsigned long long t0 = me->tally ? __rdtsc() : 0;
     for (int i = 0; i < count; i++) run(&p[i]);
-    if (tally_here) {
-        tally_here[0] += (double)(__rdtsc() - t0);
-        for (int i = 0; i < count; i++) tally_here[1] += (double)weights_read(&p[i]);
+    if (me->tally) {
+        me->tally[0] += (double)(__rdtsc() - t0);
+        for (int i = 0; i < count; i++) me->tally[1] += (double)weights_read(&p[i]);
     }
 }
 
 /* This thread's share of `count` products (outputs complete after the next barrier). */
-static void products(product *p, int count) {
-    own(p, count);
-    runs(p, count);
+static void products(const member *me, product *p, int count) {
+    own(me, p, count);
+    runs(me, p, count);
 }
 
 /* e^v for 8 floats: Cephes' expf (2^n times a degree-6 polynomial on [-ln2/2, ln2/2]), within 2 ulp of
@@ -506,10 +505,10 @@ static void mamba_block(const mamba *L, const float *in, float *h, float *conv, 
     rms_norm(in, L->norm, x, d, L->eps);
     if (L->in_proj.out) { /* z, xbc, dt lie one after another, as in in_proj */
         product ip = {&L->in_proj, x, z};
-        products(&ip, 1);
+        products(me, &ip, 1);
     } else {
         product ps[4] = {{&L->z, x, z}, {&L->x, x, xbc}, {&L->bc, x, xbc + kp}, {&L->dt, x, dt}};
-        products(ps, 4);
+        products(me, ps, 4);
     }
     meet(me);
     if (G >= threads_here()) {
@@ -541,7 +540,7 @@ static void mamba_block(const mamba *L, const float *in, float *h, float *conv, 
     }
     meet(me);
     product o = {&L->out, y, out};
-    products(&o, 1);
+    products(me, &o, 1);
     for (int64_t i = o.n0; i < o.n1; i++) h[i] = in[i] + out[i];
 }
 
@@ -690,7 +689,7 @@ static void attention_block(const attention *L, const float *in, float *h, float
     const float scale = 1.f / sqrtf((float)hd);
     rms_norm(in, L->norm, x, d, L->eps);
     product qkv[3] = {{&L->q, x, q}, {&L->k, x, kn}, {&L->v, x, vn}};
-    products(qkv, 3);
+    products(me, qkv, 3);
     meet(me);
     int64_t c0, c1;
     share(KV * hd, &c0, &c1);
@@ -729,7 +728,7 @@ static void attention_block(const attention *L, const float *in, float *h, float
         meet(me);
     }
     product o = {&L->o, att, out};
-    products(&o, 1);
+    products(me, &o, 1);
     for (int64_t i = o.n0; i < o.n1; i++) h[i] = in[i] + out[i];
 }
 
@@ -803,12 +802,12 @@ static void moe_block(const moe *L, const float *in, float *h, float *sh, float 
         up[i] = (product){i < k ? &L->up[ids[i]] : &L->shared_up, x, hidden + i * I};
         down[i] = (product){i < k ? &L->down[ids[i]] : &L->shared_down, hidden + i * I, outs + i * d};
     }
-    products(up, (int)k + 1);
+    products(me, up, (int)k + 1);
     for (int64_t i = 0; i <= k; i++) relu2(up[i].y, up[i].n0, up[i].n1);
     meet(me);
-    own(down, 1);
+    own(me, down, 1);
     for (int64_t i = 1; i <= k; i++) down[i].n0 = down[0].n0, down[i].n1 = down[0].n1;
-    runs(down, (int)k + 1);
+    runs(me, down, (int)k + 1);
     for (int64_t c = down[0].n0; c < down[0].n1; c++) {
         float acc = 0.f;
         for (int64_t i = 0; i < k; i++) acc += outs[i * d + c] * w[i];
@@ -829,11 +828,11 @@ static void mlp_block(const mlp *L, const float *in, float *h, float *sh, float 
     float *hidden = sh, *out = hidden + L->up.out;
     rms_norm(in, L->norm, x, L->d, L->eps);
     product up = {&L->up, x, hidden};
-    products(&up, 1);
+    products(me, &up, 1);
     relu2(hidden, up.n0, up.n1);
     meet(me);
     product down = {&L->down, hidden, out};
-    products(&down, 1);
+    products(me, &down, 1);
     for (int64_t i = down.n0; i < down.n1; i++) h[i] = in[i] + out[i];
 }
 
@@ -930,17 +929,16 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
     #pragma omp parallel num_threads(threads)
     {
         const int64_t team = threads_here(); /* libgomp may give fewer threads than asked */
-        member me = {&all, 0, team, team > omp_procs() ? 64 : 1 << 14};
-        const unsigned int own_csr = _mm_getcsr();
-        _mm_setcsr(csr);
         double cut[team + 1];
         cuts_of(s->balance, team, cut);
-        cuts_here = cut;
+        member me = {&all, 0, team, team > omp_procs() ? 64 : 1 << 14, cut, NULL};
+        const unsigned int own_csr = _mm_getcsr();
+        _mm_setcsr(csr);
         if (thread_here() == 0) team_size = team;
         float *x = buf + shared + thread_here() * dx;
         const float *in = s->embed + token * s->ld_embed; /* the residual stream into the next block */
         for (int64_t t = 0; t < n; t++) {
-            tally_here = team > 1 && t % 4 == 0 ? tally[thread_here()] : NULL; /* a token in four timed */
+            me.tally = team > 1 && t % 4 == 0 ? tally[thread_here()] : NULL; /* a token in four timed */
             for (int64_t i = 0; i < blocks; i++) {
                 float *a = s->state[2 * i], *b = s->state[2 * i + 1];
                 const void *L = s->blocks[i].args;
@@ -955,7 +953,7 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
             }
             rms_norm(in, s->norm, x, d, s->eps);
             product head = {s->lm_head, x, logits};
-            products(&head, 1);
+            products(&me, &head, 1);
             if (!out) break;
             if (thread_here() == 0) halted = halt && atomic_load_explicit((const _Atomic int32_t *)halt,
                                                                          memory_order_relaxed);
@@ -967,7 +965,6 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
             if (stop || t + 1 == n) break;
             in = s->embed + tok * s->ld_embed;
         }
-        cuts_here = NULL, tally_here = NULL;
         _mm_setcsr(own_csr);
     }
     free(buf);
