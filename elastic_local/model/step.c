@@ -922,7 +922,8 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
                                               thread's only): every thread routes the MoE blocks itself, so
                                               all of them compute in the same mode */
     meeting all = {0, 0};
-    double tally[threads > 1 ? threads : 1][8]; /* each thread's {product cycles, weights}, a line apart */
+    /* each thread's {product cycles, weights read}, a cache line each */
+    double tally[threads > 1 ? threads : 1][8] __attribute__((aligned(64)));
     memset(tally, 0, sizeof tally);
     int64_t ran = 0, team_size = 1;
     int halted = 0; /* thread 0's reading of *halt, shared through the meet after the head */
@@ -938,7 +939,8 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
         float *x = buf + shared + thread_here() * dx;
         const float *in = s->embed + token * s->ld_embed; /* the residual stream into the next block */
         for (int64_t t = 0; t < n; t++) {
-            me.tally = team > 1 && t % 4 == 0 ? tally[thread_here()] : NULL; /* a token in four timed */
+            /* a token in four timed, where rebalance keeps shares for the team */
+            me.tally = team > 1 && team <= BALANCED && t % 4 == 0 ? tally[thread_here()] : NULL;
             for (int64_t i = 0; i < blocks; i++) {
                 float *a = s->state[2 * i], *b = s->state[2 * i + 1];
                 const void *L = s->blocks[i].args;
