@@ -1,7 +1,7 @@
 """Do smaller budgets decode faster in proportion to the bytes they read? The CPU decode paths side by side.
 
     .venv/bin/python benchmarks/bench_budgets.py [--models demo,gen,gen16] [--reps 5] [--new-tokens 48] [--threads 1]
-                                                 [--compile]
+                                                 [--compile] [--bf16]
 
 Models: the embedded demo model (5.6M parameters, budgets full / mid / small) and bench_generate.py's
 ~136M random nested model (full / mid / small at 60% and 35% of the parameters; built once under
@@ -14,6 +14,8 @@ bytes `read/token` counts, so the same ratios). Each is loaded in float32 once p
     rows      ELASTIC_LOCAL_CPU_LAYOUT=rows: weights kept [out, in] as stored, decode steps in C
     compiled  (--compile) the default with the decode step compiled (`load(compile=True)`), each budget
               compiled in the warm-up
+    bf16      (--bf16) the default loaded with dtype=torch.bfloat16 (the CPU's load where float32 does not fit):
+              the same bf16 panels, decode steps in C on a bf16 embedding and bf16 caches
     stepwise  the default model with the engine's run ahead off (`Generation._run_ahead` declining): the
               general step, its Python and numpy's argmax for every token, as before greedy tokens ran
               ahead in C
@@ -47,7 +49,8 @@ def load(path: Path | None, variant: str):
     os.environ[LAYOUT_ENV] = "rows" if variant == "rows" else "transposed"
     try:
         with kernels_on(variant != "torch"):  # without the kernels, the plain transpose
-            return elastic_local.load(path, dtype=torch.float32, compile=variant == "compiled")
+            return elastic_local.load(path, dtype=torch.bfloat16 if variant == "bf16" else torch.float32,
+                                      compile=variant == "compiled")
     finally:
         os.environ.pop(LAYOUT_ENV, None)
 
@@ -107,7 +110,8 @@ def bench(name: str, path: Path | None, args) -> dict:
 
     if gemv.library() is None:
         raise SystemExit("the CPU decode kernels are unavailable here (see the warning): nothing to compare")
-    variants = ("torch", "kernels", "stepwise", "rows") + (("compiled",) if args.compile else ())
+    variants = ("torch", "kernels", "stepwise", "rows") + (("compiled",) if args.compile else ()) \
+        + (("bf16",) if args.bf16 else ())
     models = {v: load(path, v) for v in variants if v != "stepwise"}
     models["stepwise"] = models["kernels"]  # the same weights, the engine set otherwise
     budgets = models["kernels"].budgets
@@ -146,6 +150,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--compile", action="store_true", help="also the default with a compiled decode step")
+    ap.add_argument("--bf16", action="store_true", help="also the default loaded in bfloat16")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     results = {}

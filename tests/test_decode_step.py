@@ -166,11 +166,11 @@ def test_a_step_without_scratch_memory_says_so_and_leaves_the_cache_length(neste
 
 
 def test_what_step_c_does_not_cover_runs_the_torch_path(nested):
-    m = elastic_local.load(nested, dtype=torch.bfloat16)
-    assert step.build(m.net, m.budget()) is None  # bf16 activations and states
+    m = elastic_local.load(nested, dtype=torch.float16)
+    assert step.build(m.net, m.budget()) is None  # float16: step.c reads float32 and bf16 networks
     m = elastic_local.load(nested)
     two = m.new_cache(batch_size=2)
-    assert not step.serves(two)
+    assert not step.serves(two, m.net.dtype)
     with torch.inference_mode():
         m.forward(torch.tensor([[1, 2], [3, 4]]), two)
         out = m.forward(torch.tensor([[5], [6]]), two)  # two sequences: the torch path
@@ -180,9 +180,9 @@ def test_what_step_c_does_not_cover_runs_the_torch_path(nested):
                                           for s in cache.layers], list(cache.lengths))
 
     one = with_conv(m.new_cache(), lambda c: c.transpose(1, 2).contiguous().transpose(1, 2))
-    assert not step.serves(one) and not one.dense  # a state that is not contiguous: the torch path
+    assert not step.serves(one, m.net.dtype) and not one.dense  # a state that is not contiguous: the torch path
     one = with_conv(one, torch.Tensor.contiguous)
-    assert step.serves(one) and one.dense  # checked once: the cache's own operations keep it contiguous
+    assert step.serves(one, m.net.dtype) and one.dense  # checked once: the cache's own operations keep it contiguous
     with pytest.raises(AttributeError, match="fixed for its life"):
         one.layers = one.layers  # what the step has bound cannot change under it
     mamba = next(s for s in one.layers if isinstance(s, MambaState))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -28,7 +29,9 @@ from elastic_local.elastic.table import read_budgets
 from elastic_local.hardware import fit
 from elastic_local.hardware.planner import Workload
 from elastic_local.hardware.profiles import GIB, list_profiles
+from elastic_local.model import gemv
 from elastic_local.model.config import NemotronHConfig
+from elastic_local.model.linear import Panels
 from elastic_local.model.nemotron_h import NemotronH
 from elastic_local.quant.scheme import is_quantized, nano_keep, weight_bytes
 
@@ -220,15 +223,31 @@ def test_weight_bytes_equal_the_tensors_in_the_headers(tiny, precision, tmp_path
         assert planned == file_bytes(exported), name
 
 
+def panel_padding(m) -> int:
+    """Bytes of the zero columns that pad each column-panel weight's outputs to a multiple of 24."""
+    weights = [w for layer in m.net.layers for w in vars(layer.mixer).values()] + [m.net.lm_head]
+    return sum(w.p.nbytes - w.p.element_size() * math.prod(w.shape) for w in weights if isinstance(w, Panels))
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp8", "nvfp4"])
-def test_weight_bytes_equal_what_loading_makes_resident(tiny, precision):
-    """The nvfp4 file keeps attention and the Mamba layers feeding it in BF16 (preset nano): they stay so."""
+def test_weight_bytes_equal_what_loading_makes_resident(tiny, precision, monkeypatch):
+    """The nvfp4 file keeps attention and the Mamba layers feeding it in BF16 (preset nano): they stay so.
+    On a CPU with the kernels a bf16 load keeps its BF16 Linear weights in column panels: the same bytes
+    but the zero outputs that pad each to a multiple of 24 (which the plan does not count, as for float32)."""
+    from elastic_local.engine.load import LAYOUT_ENV
+
     path = tiny / precision
     cfg = NemotronHConfig.from_dir(path)
     p = fit.plan_checkpoint(path, elastic_local.hardware.get_profile("h100-80gb"))
     for name in read_budgets(cfg):
         planned = weights_of(p, name, precision).weights_bytes
-        assert planned == resident_bytes(elastic_local.load(path, budget=name, dtype=torch.bfloat16)), name
+        with monkeypatch.context() as m:
+            m.setenv(LAYOUT_ENV, "rows")
+            assert planned == resident_bytes(elastic_local.load(path, budget=name, dtype=torch.bfloat16)), name
+        panels = elastic_local.load(path, budget=name, dtype=torch.bfloat16)
+        if precision == "bf16":  # in panels where the kernels run
+            assert (panel_padding(panels) > 0) == (gemv.library() is not None)
+        assert resident_bytes(panels) == planned + panel_padding(panels), name
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp8", "nvfp4"])

@@ -37,8 +37,9 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     then runs as views. "auto" for
     `budget` and/or `precision` asks the fit planner what this machine holds. `dtype` (compute and
     high-precision weights) defaults to bfloat16 on CUDA, float32 on a CPU; with "auto" on a CPU, float32
-    where the pick fits in it too (the planner plans bf16; a CPU decodes several times faster in float32,
-    its C step), else bfloat16.
+    where the pick fits in it too (the planner plans bf16; a CPU prefills faster in float32, its C kernels),
+    else bfloat16. On a CPU with the C kernels, both keep BF16 Linear weights in bf16 column panels and
+    decode in the C step (model/step.py).
     `precision`: None keeps what the file stores; "fp8" / "nvfp4" from a BF16 file quantize while loading
     (`keep`: module patterns left in high precision); "bf16" from a quantized file dequantizes.
     `compile`: one-token decode steps run through torch.compile, one graph per budget compiled on its first
@@ -74,15 +75,19 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     resident = budgets[budget] if budget is not None else next(iter(budgets.values()))
     if torch.device(device).type == "cpu":
         gemv.prebuild()  # the CPU decode kernels, built while the weights load (first run after an install)
-    panels = torch.device(device).type == "cpu" and dtype == torch.float32 and cpu_layout() == "transposed"
+    panels = torch.device(device).type == "cpu" and cpu_layout() == "transposed" and (
+        dtype == torch.float32 or dtype == torch.bfloat16 and gemv.library() is not None)
     # BF16 Linear weights stay bf16 for the panels (half of float32's memory and bytes per token; the
-    # kernels widen them exactly); where the kernels turn out not to run they are widened below
+    # kernels widen them exactly); where the kernels turn out not to run they are widened below. A bf16
+    # load takes panels only where the kernels run (else [out, in] rows, torch's faster bf16 layout): as
+    # rows, a smaller budget's strided views read 1.5-4x slower than contiguous ones (scratch), and the C
+    # step ran gen16 at 3.0 ms a token full and 3.6 small, against 2.5 and 1.9 in panels (README)
     net = load_network(path, resident=resident, stored=stored_budget(cfg), dtype=dtype, device=device,
                        progress=progress, precision=precision, keep=keep,
                        linear_dtype=torch.bfloat16 if panels else None)
     if panels:
-        # float32 only (in bf16 `x @ t` is the slower path, linear.Transposed); panels where the kernels run,
-        # so the first run after an install waits here for the build `prebuild` started (about 2 s)
+        # panels where the kernels run (a float32 load without them: linear.Transposed), so the first run
+        # after an install waits here for the build `prebuild` started (about 2 s)
         if progress is not None and gemv.building():
             progress(0, 1, "building the CPU kernels (once per install)")
         net.transpose_weights(panels=gemv.library() is not None)

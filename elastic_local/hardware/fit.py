@@ -18,7 +18,7 @@ hybrid cache per budget taking part (chat: think + answer = 2). The plan is for 
 high-precision weights except, on a CPU with the C kernels, the Linear ones a BF16 file stores: they stay
 bf16 in its panels). `plan_checkpoint(float32=True)` plans the float32 load instead: on a CPU,
 `load("auto")` and elastic-chat take the bf16 plan's pick in float32 where that fits too (`in_float32`; a
-CPU decodes several times faster in float32, its C step), else in bf16.
+CPU prefills 1.15-1.35x faster in float32, its C kernels, and decodes alike in both, its C step), else in bf16.
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ def plan_checkpoint(path: str | Path, profile: Profile, context: int = 32768, ca
     """Cost every (budget, precision) the directory offers on `profile`; `keep` names the modules a
     load-time quantization keeps in BF16 (none by default). `float32`: for a float32 load instead of the
     bf16 one the plan otherwise assumes (high-precision weights, KV cache, conv state and activations at
-    4 bytes): a CPU's decode runs its C step only in float32 (README, "C decode step"). On a CPU with the C
-    kernels (`profile.cpu_kernels`) that load keeps BF16 Linear weights in bf16 (engine.load)."""
+    4 bytes): a CPU's prompt runs its C kernels only in float32 (README, "C decode step"). On a CPU with the
+    C kernels (`profile.cpu_kernels`) that load keeps BF16 Linear weights in bf16 (engine.load)."""
     path = Path(path)
     cfg = NemotronHConfig.from_dir(path)
     budgets = read_budgets(cfg, where=str(path / "config.json"))
@@ -137,9 +137,9 @@ def choose(path: str | Path, device: str | None = None, context: int = 32768, ca
 
 def in_float32(path: str | Path, profile: Profile, budget: str, precision: str, context: int = 32768,
                caches: int = 2) -> Candidate | None:
-    """The float32 candidate of (budget, precision) where it fits on `profile`, else None: a CPU decodes
-    several times faster in float32 (its C step) than in the bf16 the plan assumes, at more memory (caches,
-    activations and the small high-precision tensors at 4 bytes; see `plan_checkpoint`)."""
+    """The float32 candidate of (budget, precision) where it fits on `profile`, else None: a CPU prefills
+    faster in float32 (its C kernels) than in the bf16 the plan assumes, and computes exactly, at more
+    memory (caches, activations and the small high-precision tensors at 4 bytes; see `plan_checkpoint`)."""
     p = plan_checkpoint(path, profile, context=context, caches=caches, float32=True)
     return next((c for c in p.candidates if c.fits and (c.budget, c.precision) == (budget, precision)), None)
 

@@ -142,7 +142,7 @@ def compute_gate(profile: Profile, precision: str) -> tuple[bool, str]:
     native = runs_natively(precision, None if profile.kind == "cpu" else cc)
     if profile.kind == "cpu" and profile.cpu_kernels:  # model/gemv.c: every format read as stored
         if precision == "bf16":
-            return True, "float32 compute in C where it fits (weights in column panels), else bf16 in torch"
+            return True, "decoded in C from bf16 column panels; float32 compute where it fits (C prefill)"
         return True, f"{precision} decoded in registers by the CPU kernels: reads the packed bytes"
     if profile.kind == "cpu" or cc is None:
         if native:

@@ -199,8 +199,9 @@ class Panels:
         return p.reshape(*p.shape[:-2], -1)[..., self.skip:self.skip + self.n].float()
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu" and x.dtype == torch.float32 and self.p.ndim == 3 and gemv.library() is not None:
-            return gemv.panels(x, self.p, self.skip, self.n)
+        if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and self.p.ndim == 3 \
+                and gemv.library() is not None:  # a bf16 prompt's products sum in float32, as oneDNN's do
+            return gemv.panels(x.float(), self.p, self.skip, self.n).to(x.dtype)
         return x @ self.dense().to(x.dtype)
 
 

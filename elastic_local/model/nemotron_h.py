@@ -348,7 +348,7 @@ class NemotronH:
         if b not in self.c_steps:
             self.c_steps[b] = step.build(self, b)
         c_step = self.c_steps[b]
-        return c_step if c_step is not None and step.serves(cache) else None
+        return c_step if c_step is not None and step.serves(cache, self.dtype) else None
 
     def _forward(self, ids: torch.Tensor, b: Budget, cache: HybridCache | None, last_only: bool,
                  soft: list[SoftLayer | None] | None = None, soft_hidden: SoftSize | None = None) -> torch.Tensor:

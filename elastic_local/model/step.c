@@ -337,6 +337,50 @@ static inline float dot(const float *a, const float *b, int64_t n) {
     return t;
 }
 
+/* ------------------------------------------------------------------------------ bf16 states and rows */
+
+/* A bfloat16 model's embedding rows, convolution states and K / V caches stay bf16 (what the planner
+   counts; model/step.py): rows are widened to float32 as they are read and rounded back as they are
+   written, to nearest even as torch's .to(torch.bfloat16) rounds (a NaN stays a quiet NaN). The
+   arithmetic is float32 throughout, as for a float32 model. */
+static void widen(const uint16_t *h, float *f, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + i)));
+        _mm256_storeu_ps(f + i, _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)));
+    }
+    for (; i < n; i++) {
+        const uint32_t u = (uint32_t)h[i] << 16;
+        memcpy(f + i, &u, sizeof u);
+    }
+}
+
+static inline uint16_t narrow1(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return isnan(f) ? (uint16_t)((u >> 16) | 0x40) : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static void narrow(const float *f, uint16_t *h, int64_t n) {
+    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff), quiet = _mm256_set1_epi32(0x40);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(f + i);
+        const __m256i u = _mm256_castps_si256(v), top = _mm256_srli_epi32(u, 16);
+        const __m256i even = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(half, _mm256_and_si256(top, one))), 16);
+        const __m256i r = _mm256_blendv_epi8(even, _mm256_or_si256(top, quiet),
+                                             _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+        _mm_storeu_si128((__m128i *)(h + i), _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+    }
+    for (; i < n; i++) h[i] = narrow1(f[i]);
+}
+
+/* narrow, for the tests: f [n] to bf16 h [n]; 0. */
+int to_bf16(const float *f, uint16_t *h, int64_t n) {
+    narrow(f, h, n);
+    return 0;
+}
+
 /* ------------------------------------------------------------------------------------------- Mamba2 */
 
 typedef struct {
@@ -349,6 +393,7 @@ typedef struct {
     int64_t d, heads, groups, head_dim, state, conv_k;
     float dt_min, dt_max, eps;
     weight in_proj; /* z | x | B,C | dt as one product when the budget keeps every head (out 0: it does not) */
+    int64_t bf16;   /* the convolution state is bf16 (a bfloat16 model's); the SSM state is float32 always */
 } mamba;
 
 /* One row of a head's SSM state, s [N] = a s + dx B, and its readout C.s. */
@@ -450,24 +495,29 @@ static inline void conv8(float *s, const float *w, const float *b, float *x) {
     for (int i = 0; i < 4; i++) _mm256_storeu_ps(s + 8 * i, r[i]);
 }
 
-/* The causal depthwise convolution of channels [c0, c1) (shift each one's window, one dot), then silu. */
-static void conv_channels(const mamba *L, float *conv, float *xbc, int64_t c0, int64_t c1) {
+/* The causal depthwise convolution of channels [c0, c1) (shift each one's window, one dot), then silu.
+   A bf16 state (L->bf16) is widened a run of channels at a time and rounded back. */
+static void conv_channels(const mamba *L, void *conv, float *xbc, int64_t c0, int64_t c1) {
     const int64_t kp = L->heads * L->head_dim, K = L->conv_k;
+    float wide[8 * K];
     for (int64_t c = c0; c < c1;) {
         const int64_t o = c < kp ? c : c - kp; /* within x's channels or B, C's */
         const float *w = (c < kp ? L->conv_x : L->conv_bc) + o * K;
         const float *bias = c < kp ? L->conv_bias_x : L->conv_bias_bc;
-        float *s = conv + c * K;
-        if (K == 4 && c + 8 <= c1 && (c >= kp || c + 8 <= kp)) {
+        const int64_t run = K == 4 && c + 8 <= c1 && (c >= kp || c + 8 <= kp) ? 8 : 1;
+        uint16_t *narrow_s = (uint16_t *)conv + c * K;
+        float *s = L->bf16 ? wide : (float *)conv + c * K;
+        if (L->bf16) widen(narrow_s, s, run * K);
+        if (run == 8) {
             conv8(s, w, bias ? bias + o : NULL, xbc + c);
-            c += 8;
-            continue;
+        } else {
+            float a = 0.f;
+            for (int64_t j = 0; j < K - 1; j++) a += (s[j] = s[j + 1]) * w[j];
+            a += (s[K - 1] = xbc[c]) * w[K - 1];
+            xbc[c] = bias ? a + bias[o] : a;
         }
-        float a = 0.f;
-        for (int64_t j = 0; j < K - 1; j++) a += (s[j] = s[j + 1]) * w[j];
-        a += (s[K - 1] = xbc[c]) * w[K - 1];
-        xbc[c] = bias ? a + bias[o] : a;
-        c++;
+        if (L->bf16) narrow(s, narrow_s, run * K);
+        c += run;
     }
     silu_into(xbc + c0, NULL, c1 - c0);
 }
@@ -497,7 +547,7 @@ static int64_t mamba_scratch(const mamba *L) {
 /* conv [k*p + 2*G*N, K]: the last K inputs of the convolution; ssm [G, r, p, N] group-major. With at least
    as many groups as threads, a group's heads need only its own channels (its heads' x, its B and C), so
    each thread takes whole groups from the convolution to the gated norm with no barrier between. */
-static void mamba_block(const mamba *L, const float *in, float *h, float *conv, float *ssm, float *sh, float *x,
+static void mamba_block(const mamba *L, const float *in, float *h, void *conv, float *ssm, float *sh, float *x,
                         member *me) {
     const int64_t d = L->d, k = L->heads, G = L->groups, p = L->head_dim, N = L->state;
     const int64_t r = k / G, kp = k * p, gn = G * N, C = kp + 2 * gn;
@@ -551,6 +601,7 @@ typedef struct {
     weight q, k, v, o;
     int64_t d, heads, kv_heads, head_dim;
     float eps;
+    int64_t bf16; /* the K / V caches are bf16 (a bfloat16 model's) */
 } attention;
 
 /* How many runs of positions each KV head's cache is read in, (KV head, run) units shared among the
@@ -599,10 +650,12 @@ static inline float max8(__m256 v) {
    score m, l = sum e^(score - m) and acc [hd] = sum e^(score - m) v. A block of positions at a time, each
    key and value row read from memory once for all r heads; per head a block's scores, then their
    exponentials, then the weighted values, each a run of independent vector operations. Position pos, this
-   token's own, is read from kn / vn, where the products left it. */
-static void attend(const float *q, int64_t KV, int64_t g, int64_t r, int64_t hd, const float *K, const float *V,
-                   const float *kn, const float *vn, int64_t pos, int64_t t0, int64_t t1, float scale, float *part,
-                   int64_t stride) {
+   token's own, is read from kn / vn, where the products left it. bf16 caches (`bf16`): a block's rows are
+   widened once for all r heads. */
+static void attend(const float *q, int64_t KV, int64_t g, int64_t r, int64_t hd, const void *K, const void *V,
+                   int bf16, const float *kn, const float *vn, int64_t pos, int64_t t0, int64_t t1, float scale,
+                   float *part, int64_t stride) {
+    float wide[bf16 ? 2 * ATT_BLOCK * hd : 1];
     for (int64_t i = 0; i < r; i++) {
         float *u = part + i * stride;
         u[0] = -INFINITY, u[1] = 0.f;
@@ -615,7 +668,17 @@ static void attend(const float *q, int64_t KV, int64_t g, int64_t r, int64_t hd,
         const float *k[ATT_BLOCK], *v[ATT_BLOCK]; /* rows past n: row b's, weighted 0 */
         for (int64_t t = 0; t < n8; t++) {
             const int64_t at = b + (t < n ? t : 0);
-            k[t] = at < pos ? K + at * hd : kn, v[t] = at < pos ? V + at * hd : vn;
+            if (at == pos) {
+                k[t] = kn, v[t] = vn;
+            } else if (!bf16) {
+                k[t] = (const float *)K + at * hd, v[t] = (const float *)V + at * hd;
+            } else if (t < n) {
+                float *kw = wide + 2 * t * hd, *vw = kw + hd;
+                widen((const uint16_t *)K + at * hd, kw, hd), widen((const uint16_t *)V + at * hd, vw, hd);
+                k[t] = kw, v[t] = vw;
+            } else {
+                k[t] = k[0], v[t] = v[0];
+            }
         }
         for (int64_t i = 0; i < r; i++) {
             const float *qi = q + (i * KV + g) * hd;
@@ -680,7 +743,7 @@ static void attend(const float *q, int64_t KV, int64_t g, int64_t r, int64_t hd,
    position's key and value are read from where the products left them, so the cache is written while
    other threads read it (positions before pos only). The cache is read in (KV head, run of positions)
    units (attention_runs); with more than one run per head, a second pass merges each head's runs. */
-static void attention_block(const attention *L, const float *in, float *h, float *kc, float *vc, int64_t capacity,
+static void attention_block(const attention *L, const float *in, float *h, void *kc, void *vc, int64_t capacity,
                             int64_t pos, float *sh, float *x, member *me) {
     const int64_t d = L->d, H = L->heads, KV = L->kv_heads, hd = L->head_dim, T = pos + 1, r = H / KV;
     const int64_t S = attention_runs(T), run = ((T + S - 1) / S + 7) / 8 * 8;
@@ -694,16 +757,21 @@ static void attention_block(const attention *L, const float *in, float *h, float
     int64_t c0, c1;
     share(KV * hd, &c0, &c1);
     for (int64_t c = c0; c < c1; c++) {
-        kc[((c / hd) * capacity + pos) * hd + c % hd] = kn[c];
-        vc[((c / hd) * capacity + pos) * hd + c % hd] = vn[c];
+        const int64_t at = ((c / hd) * capacity + pos) * hd + c % hd;
+        if (L->bf16) {
+            ((uint16_t *)kc)[at] = narrow1(kn[c]), ((uint16_t *)vc)[at] = narrow1(vn[c]);
+        } else {
+            ((float *)kc)[at] = kn[c], ((float *)vc)[at] = vn[c];
+        }
     }
     #pragma omp for schedule(static) nowait
     for (int64_t unit = 0; unit < KV * S; unit++) {
         const int64_t g = unit / S, s = unit % S, t0 = s * run < T ? s * run : T, t1 = t0 + run < T ? t0 + run : T;
         float *mine = part + (g * S + s) * (hd + 2);
         const int64_t stride = KV * S * (hd + 2); /* from query head g's slot to g + KV's */
-        attend(q, KV, g, r, hd, kc + g * capacity * hd, vc + g * capacity * hd, kn + g * hd, vn + g * hd, pos, t0,
-               t1, scale, mine, stride);
+        const int64_t at = g * capacity * hd, size = L->bf16 ? 2 : 4;
+        attend(q, KV, g, r, hd, (const char *)kc + at * size, (const char *)vc + at * size, (int)L->bf16, kn + g * hd,
+               vn + g * hd, pos, t0, t1, scale, mine, stride);
         for (int64_t i = 0; i < r && S == 1; i++) { /* the head's one run: its output */
             const float *u = mine + i * stride;
             for (int64_t j = 0; j < hd; j++) att[(i * KV + g) * hd + j] = u[2 + j] / u[1];
@@ -853,14 +921,22 @@ typedef struct {
                                 (Mamba states once per cache, K / V caches each token) */
     const int64_t *capacity; /* [n]: the K / V caches' */
     float *h;                /* [d]: the residual stream */
-    const float *embed;      /* [V, ld_embed] */
+    const void *embed;       /* [V, ld_embed], float32 or (embed_bf16) bf16 */
     int64_t ld_embed;
     const float *norm;       /* norm_f */
     const weight *lm_head;
     int64_t d;
     float eps;
     double *balance;         /* [1 + BALANCED]: the threads' shares of the products (`rebalance`), or NULL */
+    int64_t embed_bf16;
 } step;
+
+/* Token `tok`'s embedding row, where it lies, or widened into `wide` [d] from bf16. */
+static const float *embedding(const step *s, int64_t tok, float *wide) {
+    if (!s->embed_bf16) return (const float *)s->embed + tok * s->ld_embed;
+    widen((const uint16_t *)s->embed + tok * s->ld_embed, wide, s->d);
+    return wide;
+}
 
 /* The first largest of v[0..n), a NaN counted largest (numpy's argmax, which the engine's greedy sampling
    takes on the torch path): the same token either way. */
@@ -915,7 +991,8 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
         shared = need > shared ? need : shared;
     }
     const int64_t dx = (d + 15) / 16 * 16; /* each thread's normed input, a cache line apart */
-    float *buf = malloc(sizeof(float) * (shared + (threads > 1 ? threads : 1) * dx));
+    const int64_t each = s->embed_bf16 ? 2 * dx : dx; /* and its copy of a bf16 embedding row, widened */
+    float *buf = malloc(sizeof(float) * (shared + (threads > 1 ? threads : 1) * each));
     if (!buf) return -1;
     float *h = s->h;
     const unsigned int csr = _mm_getcsr(); /* the caller's float mode (torch.set_flush_denormal sets its own
@@ -936,13 +1013,14 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
         const unsigned int own_csr = _mm_getcsr();
         _mm_setcsr(csr);
         if (thread_here() == 0) team_size = team;
-        float *x = buf + shared + thread_here() * dx;
-        const float *in = s->embed + token * s->ld_embed; /* the residual stream into the next block */
+        float *x = buf + shared + thread_here() * each, *row = x + dx;
+        const float *in = embedding(s, token, row); /* the residual stream into the next block */
         for (int64_t t = 0; t < n; t++) {
             /* a token in four timed, where rebalance keeps shares for the team */
             me.tally = team > 1 && team <= BALANCED && t % 4 == 0 ? tally[thread_here()] : NULL;
             for (int64_t i = 0; i < blocks; i++) {
-                float *a = s->state[2 * i], *b = s->state[2 * i + 1];
+                void *a = s->state[2 * i];
+                float *b = s->state[2 * i + 1];
                 const void *L = s->blocks[i].args;
                 switch (s->blocks[i].kind) {
                 case 'M': mamba_block(L, in, h, a, b, buf, x, &me); break;
@@ -965,7 +1043,7 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
             for (int64_t j = 0; j < nstops; j++) stop |= tok == stops[j];
             if (thread_here() == 0) out[t] = tok, ran = t + 1;
             if (stop || t + 1 == n) break;
-            in = s->embed + tok * s->ld_embed;
+            in = embedding(s, tok, row);
         }
         _mm_setcsr(own_csr);
     }

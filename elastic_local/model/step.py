@@ -7,8 +7,13 @@ block and the head in one call (a call per block cost about 6 us each). The budg
 same prefix views the torch path cuts (`linear.block`), described once as pointers and strides: no
 copies, every format the decode kernels read.
 
-It serves float32 activations (the CPU default) for one sequence of one token. `build` returns None
-(and the torch path runs) for what step.c does not cover: another device or dtype, group-limited
+It serves one sequence of one token of a float32 model (the CPU default) or a bfloat16 one, computing in
+float32 either way: a bfloat16 model's embedding, convolution states and K / V caches stay bf16 (step.c
+widens them as it reads them and rounds what it writes, as the torch path stores them; the planner's
+memory holds), and its norm and convolution weights, a few KiB a layer, are read from float32 copies
+made here. On the torch path a bf16 token was a few thousand bf16 ops, 2-4x slower than this step and
+slower on a smaller budget (README). `build` returns None (and the torch path runs) for what step.c does
+not cover: another device or dtype, group-limited
 routing (n_group > 1), a weight split across parts (a quantized q|k|v is cut into its parts, so only
 a foreign weight type ends here), or a CPU without the decode kernels.
 """
@@ -75,10 +80,13 @@ def weight(w) -> Weight:
     raise Unsupported(f"a {type(w).__name__} weight")
 
 
-def _floats(t: Tensor | None) -> int | None:
-    """Address of a contiguous float32 vector / matrix (norm weights, conv weights, router)."""
+def _floats(t: Tensor | None, keep: list) -> int | None:
+    """Address of a contiguous float32 vector / matrix (norm weights, conv weights, router); a bf16 one's
+    float32 copy, kept alive in `keep` (a bfloat16 model's norms and convolution: a few KiB a layer)."""
     if t is None:
         return None
+    if t.dtype == torch.bfloat16 and t.is_contiguous():
+        keep.append(t := t.float())
     if t.dtype != torch.float32 or not t.is_contiguous():
         raise Unsupported(f"a {t.dtype} / non-contiguous vector")
     return t.data_ptr()
@@ -89,12 +97,12 @@ class Mamba(ctypes.Structure):
                 ("conv_x", _P), ("conv_bc", _P), ("conv_bias_x", _P), ("conv_bias_bc", _P),
                 ("dt_bias", _P), ("A", _P), ("D", _P), ("gate_norm", _P),
                 ("d", _I), ("heads", _I), ("groups", _I), ("head_dim", _I), ("state", _I), ("conv_k", _I),
-                ("dt_min", _F), ("dt_max", _F), ("eps", _F), ("in_proj", Weight)]
+                ("dt_min", _F), ("dt_max", _F), ("eps", _F), ("in_proj", Weight), ("bf16", _I)]
 
 
 class Attention(ctypes.Structure):
     _fields_ = [("norm", _P), ("q", Weight), ("k", Weight), ("v", Weight), ("o", Weight),
-                ("d", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("eps", _F)]
+                ("d", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("eps", _F), ("bf16", _I)]
 
 
 class MoE(ctypes.Structure):
@@ -118,7 +126,7 @@ def _in_proj(w, rows: int, d: int) -> Weight:
         return Weight()
 
 
-def _mamba(net: NemotronH, i: int, k: int, d: int) -> Mamba:
+def _mamba(net: NemotronH, i: int, k: int, d: int, keep: list) -> Mamba:
     cfg, w = net.cfg, net.layers[i].mixer
     G, p, N = cfg.n_groups, cfg.mamba_head_dim, cfg.ssm_state_size
     n, gn, ip = w.heads, G * N, w.in_proj
@@ -126,25 +134,27 @@ def _mamba(net: NemotronH, i: int, k: int, d: int) -> Mamba:
     lo, hi = cfg.time_step_limit
     conv_b = w.conv_bias
     return Mamba(
-        _floats(net.layers[i].norm[:d]),
+        _floats(net.layers[i].norm[:d], keep),
         weight(block(ip, 0, k * p, d)), weight(block(ip, n * p, n * p + k * p, d)),
         weight(block(ip, o, o + 2 * gn, d)), weight(block(ip, o + 2 * gn, o + 2 * gn + k, d)),
         weight(block(w.out_proj, 0, d, k * p)),
-        _floats(w.conv_weight[:k * p]), _floats(w.conv_weight[n * p:]),
-        _floats(None if conv_b is None else conv_b[:k * p]), _floats(None if conv_b is None else conv_b[n * p:]),
-        _floats(w.dt_bias[:k]), _floats(w.A[:k]), _floats(w.D[:k]), _floats(w.norm[:k * p]),
+        _floats(w.conv_weight[:k * p], keep), _floats(w.conv_weight[n * p:], keep),
+        _floats(None if conv_b is None else conv_b[:k * p], keep),
+        _floats(None if conv_b is None else conv_b[n * p:], keep),
+        _floats(w.dt_bias[:k], keep), _floats(w.A[:k], keep), _floats(w.D[:k], keep), _floats(w.norm[:k * p], keep),
         d, k, G, p, N, w.conv_weight.shape[1], lo, hi, cfg.layer_norm_epsilon,
-        _in_proj(ip, o + 2 * gn + n, d) if k == n else Weight())
+        _in_proj(ip, o + 2 * gn + n, d) if k == n else Weight(), net.dtype == torch.bfloat16)
 
 
-def _attention(net: NemotronH, i: int, heads: int, d: int) -> Attention:
+def _attention(net: NemotronH, i: int, heads: int, d: int, keep: list) -> Attention:
     cfg, w = net.cfg, net.layers[i].mixer
     hd, KV = cfg.head_dim, cfg.num_key_value_heads
     q_res = w.q_heads(hd, KV) * hd
     return Attention(
-        _floats(net.layers[i].norm[:d]), weight(block(w.qkv, 0, heads * hd, d)),
+        _floats(net.layers[i].norm[:d], keep), weight(block(w.qkv, 0, heads * hd, d)),
         weight(block(w.qkv, q_res, q_res + KV * hd, d)), weight(block(w.qkv, q_res + KV * hd, q_res + 2 * KV * hd, d)),
-        weight(block(w.o_proj, 0, d, heads * hd)), d, heads, KV, hd, cfg.layer_norm_epsilon)
+        weight(block(w.o_proj, 0, d, heads * hd)), d, heads, KV, hd, cfg.layer_norm_epsilon,
+        net.dtype == torch.bfloat16)
 
 
 def _moe(net: NemotronH, i: int, experts: int, channels: int, shared: int, d: int, keep: list) -> MoE:
@@ -156,7 +166,7 @@ def _moe(net: NemotronH, i: int, experts: int, channels: int, shared: int, d: in
         raise Unsupported("a router weight that is not float32 rows")
     up, down = expert_weights(w, experts, channels, d)
     keep += [up, down]  # the arrays the struct points into
-    return MoE(_floats(net.layers[i].norm[:d]), gate.data_ptr(), _floats(w.bias[:experts]), up, down,
+    return MoE(_floats(net.layers[i].norm[:d], keep), gate.data_ptr(), _floats(w.bias[:experts], keep), up, down,
                weight(block(w.shared_up, 0, shared, d)), weight(block(w.shared_down, 0, d, shared)),
                d, experts, cfg.num_experts_per_tok, gate.stride(0), int(cfg.norm_topk_prob), max(channels, shared),
                cfg.routed_scaling_factor, cfg.layer_norm_epsilon)
@@ -170,9 +180,9 @@ def expert_weights(w: MoEWeights, experts: int, channels: int, d: int) -> tuple[
     return up, down
 
 
-def _mlp(net: NemotronH, i: int, channels: int, d: int) -> MLP:
+def _mlp(net: NemotronH, i: int, channels: int, d: int, keep: list) -> MLP:
     w = net.layers[i].mixer
-    return MLP(_floats(net.layers[i].norm[:d]), weight(block(w.up, 0, channels, d)),
+    return MLP(_floats(net.layers[i].norm[:d], keep), weight(block(w.up, 0, channels, d)),
                weight(block(w.down, 0, d, channels)), d, net.cfg.layer_norm_epsilon)
 
 
@@ -184,7 +194,8 @@ class Step(ctypes.Structure):
     """step.c's `step`: what a budget's decode step reads that does not change from token to token."""
 
     _fields_ = [("blocks", _P), ("n", _I), ("state", _P), ("capacity", _P), ("h", _P), ("embed", _P),
-                ("ld_embed", _I), ("norm", _P), ("lm_head", _P), ("d", _I), ("eps", _F), ("balance", _P)]
+                ("ld_embed", _I), ("norm", _P), ("lm_head", _P), ("d", _I), ("eps", _F), ("balance", _P),
+                ("embed_bf16", _I)]
 
 
 BALANCED = 64  # step.c's: the most threads whose shares of the products a step keeps
@@ -205,17 +216,17 @@ class DecodeStep:
             if not s.enabled:
                 continue
             if s.kind == "M":
-                args = _mamba(net, i, s.mamba_heads, d)
+                args = _mamba(net, i, s.mamba_heads, d, keep)
             elif s.kind == "*":
-                args = _attention(net, i, s.attention_heads, d)
+                args = _attention(net, i, s.attention_heads, d, keep)
             elif s.kind == "E":
                 args = _moe(net, i, s.experts, s.expert_channels, s.shared_channels, d, keep)
             else:
-                args = _mlp(net, i, s.mlp_channels, d)
+                args = _mlp(net, i, s.mlp_channels, d, keep)
             self.blocks.append((i, s.kind, args))
         embed = net.embed
-        if embed.dtype != torch.float32 or embed.stride(1) != 1:
-            raise Unsupported("an embedding that is not float32 rows")
+        if embed.dtype != net.dtype or embed.stride(1) != 1:
+            raise Unsupported("an embedding that is not rows of the network's dtype")
         self.lm_head = weight(block(net.lm_head, 0, net.lm_head.shape[0], d))
         self.embed, self.h = embed, torch.empty(d)
         self.logits = torch.empty(self.lm_head.out)  # where `greedy` has the head write (its tokens are its result)
@@ -228,8 +239,8 @@ class DecodeStep:
         self.balance = (ctypes.c_double * (1 + BALANCED))()
         self.args = Step(ctypes.addressof(self.table), n, ctypes.addressof(self.state),
                          ctypes.addressof(self.capacity), self.h.data_ptr(), embed.data_ptr(), embed.stride(0),
-                         _floats(net.norm_f[:d]), ctypes.addressof(self.lm_head), d, net.cfg.layer_norm_epsilon,
-                         ctypes.addressof(self.balance))
+                         _floats(net.norm_f[:d], keep), ctypes.addressof(self.lm_head), d,
+                         net.cfg.layer_norm_epsilon, ctypes.addressof(self.balance), embed.dtype == torch.bfloat16)
         self._args = ctypes.byref(self.args)
         self._bound: weakref.ref[HybridCache] | None = None  # the cache whose Mamba states `state` holds
         self.lib, self.keep = lib, keep
@@ -301,7 +312,7 @@ def _out_of_memory(pos: int) -> MemoryError:
 
 def build(net: NemotronH, b: Budget) -> DecodeStep | None:
     """Budget `b`'s C decode step, or None where step.c does not cover the network (module docstring)."""
-    if net.device.type != "cpu" or net.dtype != torch.float32:
+    if net.device.type != "cpu" or net.dtype not in (torch.float32, torch.bfloat16):
         return None
     lib = gemv.library()
     if lib is None:
@@ -313,13 +324,14 @@ def build(net: NemotronH, b: Budget) -> DecodeStep | None:
         return None
 
 
-def serves(cache: HybridCache) -> bool:
-    """Whether step.c can advance this cache: one sequence, its states contiguous (as `new_cache` and the
-    engine's cache operations make them; a hand-built cache may not be), in the network's float32. Checked
-    once per cache (`dense`): what replaces a state later (a KV cache growing) keeps it so."""
+def serves(cache: HybridCache, dtype: torch.dtype) -> bool:
+    """Whether step.c can advance this cache of a `dtype` network: one sequence, its states contiguous (as
+    `new_cache` and the engine's cache operations make them; a hand-built cache may not be), in `dtype`
+    but for the SSM states, float32 in every network. Checked once per cache (`dense`): what replaces a
+    state later (a KV cache growing) keeps it so."""
     if cache.batch_size != 1:
         return False
     if not cache.dense:
-        states = [t for s in cache.layers if s is not None for t in vars(s).values()]
-        cache.dense = all(t.is_contiguous() and t.dtype == torch.float32 for t in states)
+        cache.dense = all(t.is_contiguous() and t.dtype == (torch.float32 if name == "ssm" else dtype)
+                          for s in cache.layers if s is not None for name, t in vars(s).items())
     return cache.dense

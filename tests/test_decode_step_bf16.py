@@ -1,0 +1,132 @@
+"""The C decode step of a bfloat16 network: float32 arithmetic on bf16 weights, embedding, convolution
+states and K / V caches (model/step.py). Against transformers in float32 on the same bf16-rounded weights
+(the oracle), against the torch path's bf16 ops, and its rounding against torch's."""
+
+import pytest
+import torch
+from test_cpu_gemv import X86
+from test_model_vs_transformers import CONFIGS
+from tiny import ALIGNED, hf_logits, make_checkpoint
+
+import elastic_local
+from elastic_local.model import NemotronH, gemv, step
+from elastic_local.model.linear import Panels
+
+pytestmark = pytest.mark.skipif(not X86, reason="the C decode step is x86 AVX2 only; elsewhere torch's layers run")
+
+# what a bfloat16 load keeps in float32 (the router, and Mamba's dt_bias, A_log and D); the oracle rounds
+# every other parameter to bf16, as the load does
+FLOAT32 = ("A_log", ".D", "dt_bias", "gate.weight", "e_score_correction_bias")
+
+
+def bf16_oracle(hf):
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if not name.endswith(FLOAT32):
+                p.copy_(p.to(torch.bfloat16).float())
+    return hf
+
+
+def decode_logits(net, ids: torch.Tensor, prompt: int, in_c: bool, budget=None) -> torch.Tensor:
+    """Logits of ids[prompt:] [T - prompt, V], each position one decode step after a prefill of the prompt
+    (teacher-forced: every path reads the same tokens); in C, or on the torch layers (grad mode)."""
+    cache = net.new_cache(budget=budget)
+    with torch.no_grad():
+        net.forward(ids[:, :prompt - 1], cache=cache)
+    out = []
+    with torch.set_grad_enabled(not in_c):
+        for t in range(prompt - 1, ids.shape[1]):
+            out.append(net.decode_token(int(ids[0, t]), cache).float())
+    return torch.cat(out).detach()
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in CONFIGS.items() if c.get("n_group", 1) == 1))
+def test_a_bfloat16_network_decodes_in_c_nearer_transformers_than_its_torch_ops(tmp_path, name):
+    """Measured: mean |error| 1.5-6x smaller than the torch path's bf16 ops; what is left is the bf16
+    prompt's (torch's) and the bf16 states'."""
+    hf = bf16_oracle(make_checkpoint(tmp_path, seed=2, **CONFIGS[name]))
+    ids = torch.randint(0, 96, (1, 24), generator=torch.Generator().manual_seed(1))
+    want = hf_logits(hf, ids)[0, 8:]
+    m = elastic_local.load(tmp_path, dtype=torch.bfloat16)
+    assert m.net.dtype == torch.bfloat16
+    in_c = decode_logits(m.net, ids, 9, in_c=True)
+    assert isinstance(m.net.c_steps[m.budget()], step.DecodeStep)
+    on_torch = decode_logits(m.net, ids, 9, in_c=False)
+    err_c, err_torch = (in_c - want).abs(), (on_torch - want).abs()
+    assert err_c.mean() < err_torch.mean()
+    assert err_c.max() < 0.05 * want.abs().max()
+
+
+@pytest.fixture(scope="module")
+def nested(tmp_path_factory):
+    from elastic_local.elastic.nest import nest
+
+    tmp = tmp_path_factory.mktemp("step_bf16")
+    # a state size and head size that leave vector tails (12 = 8 + 4) in the scan and attention
+    make_checkpoint(tmp / "parent", seed=3, **dict(ALIGNED, ssm_state_size=12, head_dim=12))
+    return nest(tmp / "parent", tmp / "nested", {"half": 0.5})
+
+
+def rounded_to_bf16(net: NemotronH) -> NemotronH:
+    """A float32 network with what a bfloat16 load keeps in bf16 rounded to bf16 in place: the float32
+    reference of that load's values (quantized weights are the same bytes in both)."""
+    kept = {"gate", "bias", "dt_bias", "A", "D"}  # FLOAT32's
+    tensors = [net.embed, net.lm_head, net.norm_f]
+    for layer in net.layers:
+        tensors += [layer.norm, *(w for name, w in vars(layer.mixer).items() if name not in kept)]
+    with torch.no_grad():
+        for t in tensors:
+            t = t.p if isinstance(t, Panels) else t
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
+                t.copy_(t.bfloat16())
+    net.c_steps.clear()
+    return net
+
+
+@pytest.mark.parametrize("precision", [None, "fp8", "nvfp4"])
+def test_every_budget_of_a_bfloat16_network_decodes_in_c_nearer_float32_than_its_torch_ops(nested, precision,
+                                                                                          threads):
+    """70 steps (the KV cache regrows past 64 inside the C step), every budget and precision, against the
+    float32 load of the same values (its C step is transformers' to 1e-4, test_decode_step.py)."""
+    m = elastic_local.load(nested, precision=precision, dtype=torch.bfloat16)
+    ref = rounded_to_bf16(elastic_local.load(nested, precision=precision).net)
+    ids = torch.randint(0, 96, (1, 80), generator=torch.Generator().manual_seed(5))
+    for b in (m.budget(name) for name in m.budgets):
+        want = decode_logits(ref, ids, 10, in_c=True, budget=b)
+        in_c = decode_logits(m.net, ids, 10, in_c=True, budget=b)
+        assert isinstance(m.net.c_steps[b], step.DecodeStep), b.name
+        on_torch = decode_logits(m.net, ids, 10, in_c=False, budget=b)
+        err_c, err_torch = (in_c - want).abs().mean(), (on_torch - want).abs().mean()
+        assert err_c < err_torch, (precision, b.name, err_c, err_torch)
+
+
+def test_a_bfloat16_load_keeps_its_linear_weights_in_bf16_panels_for_prompts_and_steps(nested):
+    m = elastic_local.load(nested, dtype=torch.bfloat16)
+    layer = next(layer for layer in m.net.layers if hasattr(layer.mixer, "in_proj"))
+    assert isinstance(layer.mixer.in_proj, Panels) and layer.mixer.in_proj.dtype == torch.bfloat16
+    ids = torch.randint(0, 96, (1, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():  # a prompt on the panels, widened to float32, against the [out, in] rows
+        got = m.logits(ids)
+    with pytest.MonkeyPatch.context() as p:
+        p.setenv("ELASTIC_LOCAL_CPU_LAYOUT", "rows")
+        rows = elastic_local.load(nested, dtype=torch.bfloat16)
+    assert isinstance(next(layer for layer in rows.net.layers if hasattr(layer.mixer, "in_proj")).mixer.in_proj,
+                      torch.Tensor)
+    with torch.no_grad():
+        want = rows.logits(ids)
+    torch.testing.assert_close(got, want, atol=0.03 * float(want.abs().max()), rtol=0)
+
+
+def test_rounding_to_bf16_is_torchs_to_nearest_even():
+    lib = gemv.library()
+    bits = torch.tensor([0x3F808000, 0x3F818000, 0x3F808001, 0x3F817FFF, 0x7F7FFFFF, 0x7F800000, 0xFF800000,
+                         0x7FC00000, 0x7F800001, 0xFFFFFFFF, 0x00000001, 0x00008000, 0x80018000, 0],
+                        dtype=torch.int64).to(torch.int32)  # ties to even both ways, overflow, infinities,
+    special = bits.view(torch.float32)                       # NaNs of every payload, subnormals, -0
+    x = torch.cat([special, torch.randn(1000) * torch.logspace(-40, 38, 1000)])
+    out = torch.empty(x.numel(), dtype=torch.bfloat16)
+    lib.to_bf16(x.data_ptr(), out.data_ptr(), x.numel())
+    want = x.to(torch.bfloat16)
+    nan = want.isnan()
+    assert torch.equal(out.isnan(), nan)
+    assert torch.equal(out.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
