@@ -505,9 +505,9 @@ static void conv_channels(const mamba *L, void *conv, float *xbc, int64_t c0, in
         const float *w = (c < kp ? L->conv_x : L->conv_bc) + o * K;
         const float *bias = c < kp ? L->conv_bias_x : L->conv_bias_bc;
         const int64_t run = K == 4 && c + 8 <= c1 && (c >= kp || c + 8 <= kp) ? 8 : 1;
-        uint16_t *narrow_s = (uint16_t *)conv + c * K;
-        float *s = L->bf16 ? wide : (float *)conv + c * K;
-        if (L->bf16) widen(narrow_s, s, run * K);
+        uint16_t *stored = L->bf16 ? (uint16_t *)conv + c * K : NULL;
+        float *s = stored ? wide : (float *)conv + c * K;
+        if (stored) widen(stored, s, run * K);
         if (run == 8) {
             conv8(s, w, bias ? bias + o : NULL, xbc + c);
         } else {
@@ -516,7 +516,7 @@ static void conv_channels(const mamba *L, void *conv, float *xbc, int64_t c0, in
             a += (s[K - 1] = xbc[c]) * w[K - 1];
             xbc[c] = bias ? a + bias[o] : a;
         }
-        if (L->bf16) narrow(s, narrow_s, run * K);
+        if (stored) narrow(s, stored, run * K);
         c += run;
     }
     silu_into(xbc + c0, NULL, c1 - c0);
