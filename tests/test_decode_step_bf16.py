@@ -101,20 +101,26 @@ def test_every_budget_of_a_bfloat16_network_decodes_in_c_nearer_float32_than_its
 
 
 def test_a_bfloat16_load_keeps_its_linear_weights_in_bf16_panels_for_prompts_and_steps(nested):
+    """Panels against the [out, in] rows (`ELASTIC_LOCAL_CPU_LAYOUT=rows`): a prompt widened to float32 on
+    the panels against torch's bf16 matmul on the rows, and the C step on each (the same float32 sums but
+    for their order)."""
+    def in_proj(m):
+        return next(layer for layer in m.net.layers if hasattr(layer.mixer, "in_proj")).mixer.in_proj
+
     m = elastic_local.load(nested, dtype=torch.bfloat16)
-    layer = next(layer for layer in m.net.layers if hasattr(layer.mixer, "in_proj"))
-    assert isinstance(layer.mixer.in_proj, Panels) and layer.mixer.in_proj.dtype == torch.bfloat16
-    ids = torch.randint(0, 96, (1, 20), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():  # a prompt on the panels, widened to float32, against the [out, in] rows
-        got = m.logits(ids)
+    assert isinstance(in_proj(m), Panels) and in_proj(m).dtype == torch.bfloat16
     with pytest.MonkeyPatch.context() as p:
         p.setenv("ELASTIC_LOCAL_CPU_LAYOUT", "rows")
         rows = elastic_local.load(nested, dtype=torch.bfloat16)
-    assert isinstance(next(layer for layer in rows.net.layers if hasattr(layer.mixer, "in_proj")).mixer.in_proj,
-                      torch.Tensor)
+    assert isinstance(in_proj(rows), torch.Tensor) and in_proj(rows).dtype == torch.bfloat16
+    ids = torch.randint(0, 96, (1, 30), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        want = rows.logits(ids)
+        got, want = m.logits(ids), rows.logits(ids)
     torch.testing.assert_close(got, want, atol=0.03 * float(want.abs().max()), rtol=0)
+    for b in (m.budget(name) for name in m.budgets):
+        got, want = decode_logits(m.net, ids, 20, True, b), decode_logits(rows.net, ids, 20, True, b)
+        assert isinstance(rows.net.c_steps[b], step.DecodeStep)
+        torch.testing.assert_close(got, want, atol=1e-3 * float(want.abs().max()), rtol=0)  # measured 1.4e-5
 
 
 def test_rounding_to_bf16_is_torchs_to_nearest_even():
