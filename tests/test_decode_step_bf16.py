@@ -91,6 +91,7 @@ def test_every_budget_of_a_bfloat16_network_decodes_in_c_nearer_float32_than_its
     m = elastic_local.load(nested, precision=precision, dtype=torch.bfloat16)
     ref = rounded_to_bf16(elastic_local.load(nested, precision=precision).net)
     ids = torch.randint(0, 96, (1, 80), generator=torch.Generator().manual_seed(5))
+    copies = 0
     for b in (m.budget(name) for name in m.budgets):
         want = decode_logits(ref, ids, 10, in_c=True, budget=b)
         in_c = decode_logits(m.net, ids, 10, in_c=True, budget=b)
@@ -98,6 +99,8 @@ def test_every_budget_of_a_bfloat16_network_decodes_in_c_nearer_float32_than_its
         on_torch = decode_logits(m.net, ids, 10, in_c=False, budget=b)
         err_c, err_torch = (in_c - want).abs().mean(), (on_torch - want).abs().mean()
         assert err_c < err_torch, (precision, b.name, err_c, err_torch)
+        copies = copies or len(m.net.c_floats)
+        assert len(m.net.c_floats) == copies > 0  # the float32 norms and convolution: one copy for every budget
 
 
 def test_a_bfloat16_load_keeps_its_linear_weights_in_bf16_panels_for_prompts_and_steps(nested):

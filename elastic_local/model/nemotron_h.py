@@ -105,6 +105,9 @@ class NemotronH:
         self.graphs: dict[Budget, graphs.StepGraph | None] | None = None  # see capture_decode; None: off
         # per budget, the C decode step (model/step.py) built on its first one-token step; None: not covered
         self.c_steps: dict[Budget, step.DecodeStep | None] = {}
+        # a bfloat16 network's small vectors (norms, convolution) as float32, one copy per tensor that every
+        # budget's C step reads (step._floats)
+        self.c_floats: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._fitting: set[Budget] = set()  # budgets checked to fit the resident one
 
     def _float_weights(self, what: str) -> bool:
@@ -137,6 +140,7 @@ class NemotronH:
             raise ValueError(f"CUDA graphs record GPU kernels; this model is on {self.device}: load it on a "
                              "CUDA device (--device cuda), or leave CUDA graphs off")
         self.c_steps.clear()  # a C step built before may read per-expert tensors the stacks below replace
+        self.c_floats.clear()
         for i, layer in enumerate(self.layers):
             w = layer.mixer
             if isinstance(w, MoEWeights) and isinstance(w.up, list) and not isinstance(w.up, ExpertStack):
@@ -251,6 +255,7 @@ class NemotronH:
                 and not self.lm_head.requires_grad:
             self.lm_head = layout(self.lm_head)
         self.c_steps.clear()  # they point at the weights just replaced
+        self.c_floats.clear()
 
     def silence(self, token: int) -> None:
         """Pin `token`'s logit at 0 by zeroing its LM-head row (random-weight models in tests and benchmarks

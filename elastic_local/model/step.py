@@ -80,15 +80,20 @@ def weight(w) -> Weight:
     raise Unsupported(f"a {type(w).__name__} weight")
 
 
-def _floats(t: Tensor | None, keep: list) -> int | None:
-    """Address of a contiguous float32 vector / matrix (norm weights, conv weights, router); a bf16 one's
-    float32 copy, kept alive in `keep` (a bfloat16 model's norms and convolution: a few KiB a layer)."""
+def _floats(net: NemotronH, t: Tensor | None, keep: list, part: slice = slice(None)) -> int | None:
+    """Address of t[part], a contiguous float32 vector / matrix (norm weights, conv weights, router): of a
+    bf16 tensor, of its float32 copy, made once per tensor for every budget (`net.c_floats`; a bfloat16
+    network's norms and convolution, a few KiB a layer). `keep` holds what the step points into."""
     if t is None:
         return None
     if t.dtype == torch.bfloat16 and t.is_contiguous():
-        keep.append(t := t.float())
+        if id(t) not in net.c_floats:
+            net.c_floats[id(t)] = (t, t.float())  # t kept with its copy: its id stays its own
+        t = net.c_floats[id(t)][1]
+    t = t[part]
     if t.dtype != torch.float32 or not t.is_contiguous():
         raise Unsupported(f"a {t.dtype} / non-contiguous vector")
+    keep.append(t)
     return t.data_ptr()
 
 
@@ -132,16 +137,15 @@ def _mamba(net: NemotronH, i: int, k: int, d: int, keep: list) -> Mamba:
     n, gn, ip = w.heads, G * N, w.in_proj
     o = 2 * n * p  # in_proj rows: z [n*p] | x [n*p] | B, C [2*G*N] | dt [n] (mamba2.py)
     lo, hi = cfg.time_step_limit
-    conv_b = w.conv_bias
     return Mamba(
-        _floats(net.layers[i].norm[:d], keep),
+        _floats(net, net.layers[i].norm, keep, slice(d)),
         weight(block(ip, 0, k * p, d)), weight(block(ip, n * p, n * p + k * p, d)),
         weight(block(ip, o, o + 2 * gn, d)), weight(block(ip, o + 2 * gn, o + 2 * gn + k, d)),
         weight(block(w.out_proj, 0, d, k * p)),
-        _floats(w.conv_weight[:k * p], keep), _floats(w.conv_weight[n * p:], keep),
-        _floats(None if conv_b is None else conv_b[:k * p], keep),
-        _floats(None if conv_b is None else conv_b[n * p:], keep),
-        _floats(w.dt_bias[:k], keep), _floats(w.A[:k], keep), _floats(w.D[:k], keep), _floats(w.norm[:k * p], keep),
+        _floats(net, w.conv_weight, keep, slice(k * p)), _floats(net, w.conv_weight, keep, slice(n * p, None)),
+        _floats(net, w.conv_bias, keep, slice(k * p)), _floats(net, w.conv_bias, keep, slice(n * p, None)),
+        _floats(net, w.dt_bias, keep, slice(k)), _floats(net, w.A, keep, slice(k)), _floats(net, w.D, keep, slice(k)),
+        _floats(net, w.norm, keep, slice(k * p)),
         d, k, G, p, N, w.conv_weight.shape[1], lo, hi, cfg.layer_norm_epsilon,
         _in_proj(ip, o + 2 * gn + n, d) if k == n else Weight(), net.dtype == torch.bfloat16)
 
@@ -151,7 +155,7 @@ def _attention(net: NemotronH, i: int, heads: int, d: int, keep: list) -> Attent
     hd, KV = cfg.head_dim, cfg.num_key_value_heads
     q_res = w.q_heads(hd, KV) * hd
     return Attention(
-        _floats(net.layers[i].norm[:d], keep), weight(block(w.qkv, 0, heads * hd, d)),
+        _floats(net, net.layers[i].norm, keep, slice(d)), weight(block(w.qkv, 0, heads * hd, d)),
         weight(block(w.qkv, q_res, q_res + KV * hd, d)), weight(block(w.qkv, q_res + KV * hd, q_res + 2 * KV * hd, d)),
         weight(block(w.o_proj, 0, d, heads * hd)), d, heads, KV, hd, cfg.layer_norm_epsilon,
         net.dtype == torch.bfloat16)
@@ -166,7 +170,8 @@ def _moe(net: NemotronH, i: int, experts: int, channels: int, shared: int, d: in
         raise Unsupported("a router weight that is not float32 rows")
     up, down = expert_weights(w, experts, channels, d)
     keep += [up, down]  # the arrays the struct points into
-    return MoE(_floats(net.layers[i].norm[:d], keep), gate.data_ptr(), _floats(w.bias[:experts], keep), up, down,
+    return MoE(_floats(net, net.layers[i].norm, keep, slice(d)), gate.data_ptr(),
+               _floats(net, w.bias, keep, slice(experts)), up, down,
                weight(block(w.shared_up, 0, shared, d)), weight(block(w.shared_down, 0, d, shared)),
                d, experts, cfg.num_experts_per_tok, gate.stride(0), int(cfg.norm_topk_prob), max(channels, shared),
                cfg.routed_scaling_factor, cfg.layer_norm_epsilon)
@@ -182,7 +187,7 @@ def expert_weights(w: MoEWeights, experts: int, channels: int, d: int) -> tuple[
 
 def _mlp(net: NemotronH, i: int, channels: int, d: int, keep: list) -> MLP:
     w = net.layers[i].mixer
-    return MLP(_floats(net.layers[i].norm[:d], keep), weight(block(w.up, 0, channels, d)),
+    return MLP(_floats(net, net.layers[i].norm, keep, slice(d)), weight(block(w.up, 0, channels, d)),
                weight(block(w.down, 0, d, channels)), d, net.cfg.layer_norm_epsilon)
 
 
@@ -239,7 +244,7 @@ class DecodeStep:
         self.balance = (ctypes.c_double * (1 + BALANCED))()
         self.args = Step(ctypes.addressof(self.table), n, ctypes.addressof(self.state),
                          ctypes.addressof(self.capacity), self.h.data_ptr(), embed.data_ptr(), embed.stride(0),
-                         _floats(net.norm_f[:d], keep), ctypes.addressof(self.lm_head), d,
+                         _floats(net, net.norm_f, keep, slice(d)), ctypes.addressof(self.lm_head), d,
                          net.cfg.layer_norm_epsilon, ctypes.addressof(self.balance), embed.dtype == torch.bfloat16)
         self._args = ctypes.byref(self.args)
         self._bound: weakref.ref[HybridCache] | None = None  # the cache whose Mamba states `state` holds
