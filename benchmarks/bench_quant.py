@@ -16,9 +16,10 @@ Cached under benchmarks/_work/quant/. Then:
              --positions positions of two kinds of text: uniform random token ids, and the BF16 full model's
              own greedy continuations of random 16-token prompts. All three load with dtype=float32.
   c. decode  batch-1 greedy decode (--prompt-len prompt, --new-tokens tokens) of FP8 and NVFP4 against BF16,
-             per budget, interleaved reps, medians, ratios; once per --decode-dtypes compute dtype (float32:
-             the BF16 file's weights held in float32; bfloat16: held as stored). On an x86 CPU the decode
-             steps of every precision run on model/gemv.c's kernels (quantized weights decoded in registers);
+             per budget, interleaved reps, medians, ratios; once per --decode-dtypes compute dtype. On an
+             x86 CPU the decode steps of every precision and both dtypes run in model/step.c on gemv.c's
+             kernels (quantized weights decoded in registers, a BF16 file's Linear weights in bf16 panels;
+             a bfloat16 load keeps its embedding and caches in bf16, model/step.py);
              `ELASTIC_LOCAL_CPU_GEMV=0` shows torch's path (quantized weights dequantized tile by tile).
              `--decode-model gen`: on bench_generate.py's 136M nested model instead, FP8 / NVFP4 made
              while loading (`load(dir, precision=...)`, the same numbers as a stored file); `gen16`: the
