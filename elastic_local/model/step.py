@@ -10,9 +10,9 @@ copies, every format the decode kernels read.
 It serves one sequence of one token of a float32 model (the CPU default) or a bfloat16 one, computing in
 float32 either way: a bfloat16 model's embedding, convolution states and K / V caches stay bf16 (step.c
 widens them as it reads them and rounds what it writes, as the torch path stores them; the planner's
-memory holds), and its norm and convolution weights, a few KiB a layer, are read from float32 copies
-made here. On the torch path a bf16 token was a few thousand bf16 ops, 2-4x slower than this step and
-slower on a smaller budget (README). `build` returns None (and the torch path runs) for what step.c does
+memory holds), and its norm and convolution weights, a few KiB a layer, are read from float32 copies,
+one per tensor for every budget (`_floats`). On the torch path a bf16 token was a few thousand bf16 ops,
+2.4x (full budget) to 5x (small) slower than this step, and slower on a smaller budget (gen16; README). `build` returns None (and the torch path runs) for what step.c does
 not cover: another device or dtype, group-limited
 routing (n_group > 1), a weight split across parts (a quantized q|k|v is cut into its parts, so only
 a foreign weight type ends here), or a CPU without the decode kernels.
