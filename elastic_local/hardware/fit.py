@@ -186,8 +186,8 @@ def next_steps(path: str | Path, p: Plan) -> list[str]:
     precision = c.precision if c.source == "stored" else f"{c.precision} (quantized while loading)"
     if p.profile.kind == "cpu":  # what elastic-chat and load("auto") compute in there (in_float32)
         wide = in_float32(path, p.profile, c.budget, c.precision, p.workload.context, p.workload.caches)
-        precision += (f", float32 compute (the CPU's fast path): {wide.total_bytes / GIB:.2f} GiB" if wide else
-                      ", bf16 compute (float32, the CPU's fast path, does not fit)")
+        precision += (f", float32 compute (exact, faster prompts): {wide.total_bytes / GIB:.2f} GiB" if wide else
+                      ", bf16 compute (float32, with faster prompts, does not fit)")
     if weight_tensors(path) is not None:
         return [f"elastic-chat {path} --budget {c.budget} --precision {c.precision}{device}"
                 f"    # chat with {c.budget} in {precision}"]

@@ -12,10 +12,10 @@ float32 either way: a bfloat16 model's embedding, convolution states and K / V c
 widens them as it reads them and rounds what it writes, as the torch path stores them; the planner's
 memory holds), and its norm and convolution weights, a few KiB a layer, are read from float32 copies,
 one per tensor for every budget (`_floats`). On the torch path a bf16 token was a few thousand bf16 ops,
-2.4x (full budget) to 5x (small) slower than this step, and slower on a smaller budget (gen16; README). `build` returns None (and the torch path runs) for what step.c does
-not cover: another device or dtype, group-limited
-routing (n_group > 1), a weight split across parts (a quantized q|k|v is cut into its parts, so only
-a foreign weight type ends here), or a CPU without the decode kernels.
+2.4x (full budget) to 5x (small) slower than this step, and slower on a smaller budget (gen16; README).
+`build` returns None (and the torch path runs) for what step.c does not cover: another device or dtype,
+group-limited routing (n_group > 1), a weight split across parts (a quantized q|k|v is cut into its
+parts, so only a foreign weight type ends here), or a CPU without the decode kernels.
 """
 
 from __future__ import annotations
