@@ -38,3 +38,16 @@ def nested(tmp_path_factory):
     root = tmp_path_factory.mktemp("nested")
     make_checkpoint(root / "parent", seed=31, **ALIGNED)
     return nest(root / "parent", root / "nested", {"half": 0.5})
+
+
+@pytest.fixture(scope="session")
+def nested_tails(tmp_path_factory):
+    """`nested` with a state size and a head size that leave vector tails (12 = 8 + 4) in the decode step's
+    scan, attention and bf16 widening."""
+    from tiny import ALIGNED, make_checkpoint
+
+    from elastic_local.elastic.nest import nest
+
+    root = tmp_path_factory.mktemp("nested_tails")
+    make_checkpoint(root / "parent", seed=3, **dict(ALIGNED, ssm_state_size=12, head_dim=12))
+    return nest(root / "parent", root / "nested", {"half": 0.5})

@@ -56,24 +56,14 @@ def test_decode_steps_give_transformers_full_forward_logits(tmp_path, name):
     assert (built is None) == (m.config.n_group > 1)
 
 
-@pytest.fixture(scope="module")
-def nested(tmp_path_factory):
-    from elastic_local.elastic.nest import nest
-
-    tmp = tmp_path_factory.mktemp("step")
-    # a state size and head size that leave vector tails (12 = 8 + 4) in the scan and attention
-    make_checkpoint(tmp / "parent", seed=3, **dict(ALIGNED, ssm_state_size=12, head_dim=12))
-    return nest(tmp / "parent", tmp / "nested", {"half": 0.5})
-
-
 @pytest.mark.parametrize("precision", [None, "fp8", "nvfp4"])
-def test_every_budget_decodes_like_the_torch_path_across_cache_growth(nested, precision, threads, monkeypatch):
+def test_every_budget_decodes_like_the_torch_path_across_cache_growth(nested_tails, precision, threads, monkeypatch):
     """70 steps: the KV cache regrows past its first capacity (64) inside the C step."""
     from dataclasses import replace
 
     from elastic_local.model.budget import Budget
 
-    m = elastic_local.load(nested, precision=precision)
+    m = elastic_local.load(nested_tails, precision=precision)
     prompt = torch.randint(0, 96, (9,), generator=torch.Generator().manual_seed(5))
     half = m.budget("half")  # and half with half the Mamba heads: in_proj's four parts apart
     heads = Budget("heads", half.hidden, tuple(replace(s, mamba_heads=s.mamba_heads // 2) for s in half.layers))
@@ -96,12 +86,12 @@ def test_every_budget_decodes_like_the_torch_path_across_cache_growth(nested, pr
         torch.testing.assert_close(got_logits, want_logits, atol=1e-4, rtol=1e-4)
 
 
-def test_a_budget_with_a_layer_off_skips_it(nested):
+def test_a_budget_with_a_layer_off_skips_it(nested_tails):
     from dataclasses import replace
 
     from elastic_local.model.budget import Budget
 
-    m = elastic_local.load(nested)
+    m = elastic_local.load(nested_tails)
     full = m.budget()
     off = Budget("no-moe", full.hidden, tuple(replace(s, enabled=s.kind != "E") for s in full.layers))
     prompt = torch.randint(0, 96, (5,), generator=torch.Generator().manual_seed(1))
@@ -112,8 +102,8 @@ def test_a_budget_with_a_layer_off_skips_it(nested):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
-def test_a_step_without_grad_mode_runs_in_c_and_one_with_it_on_torch(nested):
-    net = elastic_local.load(nested).net
+def test_a_step_without_grad_mode_runs_in_c_and_one_with_it_on_torch(nested_tails):
+    net = elastic_local.load(nested_tails).net
     cache = net.new_cache()
     with torch.no_grad():
         net.forward(torch.tensor([[1, 2, 3]]), cache=cache)
@@ -124,12 +114,12 @@ def test_a_step_without_grad_mode_runs_in_c_and_one_with_it_on_torch(nested):
     assert not net.c_steps and cache.lengths == [5]
 
 
-def test_decode_token_is_the_torch_paths_one_token_forward(nested):
+def test_decode_token_is_the_torch_paths_one_token_forward(nested_tails):
     """The engine's batch-1 decode (`decode_token`, no tensor of one id) against the torch layers' forward of
     that token: in C without grad mode, on the torch layers with it."""
     import copy
 
-    net = elastic_local.load(nested).net
+    net = elastic_local.load(nested_tails).net
     for grad in (False, True):
         cache = net.new_cache()
         with torch.no_grad():
@@ -148,11 +138,11 @@ def test_decode_token_is_the_torch_paths_one_token_forward(nested):
     assert cache.lengths == [4]
 
 
-def test_a_step_without_scratch_memory_says_so_and_leaves_the_cache_length(nested):
+def test_a_step_without_scratch_memory_says_so_and_leaves_the_cache_length(nested_tails):
     """step.c's only failure (its scratch buffer's malloc refused): a MemoryError that says what to do."""
     from types import SimpleNamespace
 
-    net = elastic_local.load(nested).net
+    net = elastic_local.load(nested_tails).net
     cache = net.new_cache()
     with torch.no_grad():
         net.forward(torch.tensor([[1, 2, 3]]), cache=cache)
@@ -165,10 +155,10 @@ def test_a_step_without_scratch_memory_says_so_and_leaves_the_cache_length(neste
         assert cache.lengths == [3]
 
 
-def test_what_step_c_does_not_cover_runs_the_torch_path(nested):
-    m = elastic_local.load(nested, dtype=torch.float16)
+def test_what_step_c_does_not_cover_runs_the_torch_path(nested_tails):
+    m = elastic_local.load(nested_tails, dtype=torch.float16)
     assert step.build(m.net, m.budget()) is None  # float16: step.c reads float32 and bf16 networks
-    m = elastic_local.load(nested)
+    m = elastic_local.load(nested_tails)
     two = m.new_cache(batch_size=2)
     assert not step.serves(two, m.net.dtype)
     with torch.inference_mode():
@@ -190,8 +180,8 @@ def test_what_step_c_does_not_cover_runs_the_torch_path(nested):
         mamba.conv = mamba.conv
 
 
-def test_a_token_outside_the_vocabulary_is_refused_before_any_state_changes(nested):
-    m = elastic_local.load(nested)
+def test_a_token_outside_the_vocabulary_is_refused_before_any_state_changes(nested_tails):
+    m = elastic_local.load(nested_tails)
     cache = m.new_cache()
     with torch.inference_mode():
         m.forward(torch.tensor([[1, 2, 3]]), cache)
@@ -202,8 +192,8 @@ def test_a_token_outside_the_vocabulary_is_refused_before_any_state_changes(nest
     assert all(torch.equal(a, s.ssm) for a, s in zip(before, [s for s in cache.layers if hasattr(s, "ssm")]))
 
 
-def test_replacing_the_weights_forgets_the_steps_built_on_them(nested):
-    m = elastic_local.load(nested)
+def test_replacing_the_weights_forgets_the_steps_built_on_them(nested_tails):
+    m = elastic_local.load(nested_tails)
     greedy(m.net, m.budget(), torch.tensor([1, 2]), 1)
     assert m.net.c_steps
     m.net.transpose_weights()
@@ -221,10 +211,10 @@ def test_a_vocabulary_of_8300_decodes_like_transformers(tmp_path, threads):
     torch.testing.assert_close(torch.cat(out, dim=1), hf_logits(hf, ids), atol=1e-4, rtol=0)
 
 
-def test_two_caches_decoded_in_turn_each_follow_their_own_tokens(nested):
+def test_two_caches_decoded_in_turn_each_follow_their_own_tokens(nested_tails):
     """One budget's step serves whichever cache it is handed: its Mamba states are bound per cache, its
     K / V caches each token (here they grow past their first capacity, 64 positions, mid-way)."""
-    net = elastic_local.load(nested).net
+    net = elastic_local.load(nested_tails).net
     prompts = [torch.tensor([1, 2, 3]), torch.tensor([9, 8, 7, 6, 5])]
     alone = [greedy(net, net.resident, p, 70)[0] for p in prompts]
     with torch.inference_mode():
@@ -291,13 +281,13 @@ def test_attention_read_in_runs_of_positions_decodes_like_the_torch_path_on_any_
     assert torch.equal(got[1][0], got[2][0]) and torch.equal(got[1][0], got[3][0])
 
 
-def test_a_step_gives_the_same_bits_on_any_thread_count(nested):
+def test_a_step_gives_the_same_bits_on_any_thread_count(nested_tails):
     """Every budget's C step on 1, 2, 3, 5 and 8 threads (more than some products have panels), and on one
     more than the cores (step.c's barrier then yields the core instead of spinning): the same logits to the
     bit. The products cut at whole panels, the attention in runs of positions, and the Mamba convolution's
     silu vectorized to the last channel, so no value's arithmetic depends on which thread computes it (a
     state size of 12 leaves 4-channel tails, which threads split differently)."""
-    m = elastic_local.load(nested)
+    m = elastic_local.load(nested_tails)
     prompt = torch.randint(0, 96, (9,), generator=torch.Generator().manual_seed(12))
     before = torch.get_num_threads()
     try:
@@ -311,11 +301,11 @@ def test_a_step_gives_the_same_bits_on_any_thread_count(nested):
         torch.set_num_threads(before)
 
 
-def test_the_threads_shares_of_the_products_change_no_bit(nested):
+def test_the_threads_shares_of_the_products_change_no_bit(nested_tails):
     """A step shares its products among the threads by the shares it learned (step.c's rebalance): started
     from the most lopsided shares it allows, and moving back toward equal ones call by call, every step's
     logits are those of equal shares to the bit; each call leaves shares that sum to 1."""
-    m = elastic_local.load(nested)
+    m = elastic_local.load(nested_tails)
     prompt = torch.randint(0, 96, (9,), generator=torch.Generator().manual_seed(14))
     before = torch.get_num_threads()
     try:
@@ -332,6 +322,35 @@ def test_the_threads_shares_of_the_products_change_no_bit(nested):
                 assert len(c.shares) == threads and sum(c.shares) == pytest.approx(1.0)
     finally:
         torch.set_num_threads(before)
+
+
+def test_each_thread_owns_the_outputs_its_share_says_at_whole_panels():
+    """own(): thread t of a team computes the outputs between its cumulative shares of the product's weights,
+    cut at panel edges; the threads' parts tile the product; shares kept for another team count are equal
+    ones. (The bit test above holds whatever own() does with the shares; this pins that it follows them.)"""
+    from elastic_local.model.linear import Panels
+
+    lib = gemv.library()
+    w = step.weight(Panels.of(torch.randn(256, 64)))  # 11 panels of 24 outputs, the last one 16 short
+
+    def parts(shares, team=None):
+        team = team or len(shares)
+        balance = (ctypes.c_double * 65)(*([float(len(shares))] + list(shares)) if shares else [])
+        out = []
+        for t in range(team):
+            n = (ctypes.c_int64 * 2)()
+            lib.owned(balance, team, t, ctypes.byref(w), n)
+            out.append((n[0], n[1]))
+        return out
+
+    for shares, team in (([], 2), ([0.25, 0.75], 2), ([0.7, 0.3], 2), ([2 / 3, 1 / 6, 1 / 6], 3), ([0.5, 0.5], 3)):
+        got = parts(shares, team)
+        assert got[0][0] == 0 and got[-1][1] == 256 and all(a[1] == b[0] for a, b in zip(got, got[1:]))
+        assert all(n % 24 == 0 for _, n in got[:-1])  # whole panels
+        kept = shares if len(shares) == team else [1 / team] * team  # another team's shares: equal ones
+        want = [sum(kept[:t + 1]) * 256 for t in range(team - 1)]
+        assert all(abs(n1 - x) <= 12 for (_, n1), x in zip(got, want)), (shares, got)
+    assert parts([0.25, 0.75])[0] != parts([0.7, 0.3])[0]
 
 
 def test_shares_move_toward_the_threads_speeds_within_bounds():
@@ -416,8 +435,8 @@ def test_greedy_tokens_in_one_call_are_transformers_argmax_and_each_steps(tmp_pa
     assert torch.equal(top.indices[clear, 0], ids[0, 6:][clear])
 
 
-def test_greedy_stops_at_a_stop_token_and_at_a_halt(nested):
-    net = elastic_local.load(nested).net
+def test_greedy_stops_at_a_stop_token_and_at_a_halt(nested_tails):
+    net = elastic_local.load(nested_tails).net
     with torch.inference_mode():
         cache = net.new_cache()
         net.forward(torch.tensor([[1, 2, 3]]), cache=cache)

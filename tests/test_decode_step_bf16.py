@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_cpu_gemv import X86
 from test_model_vs_transformers import CONFIGS
-from tiny import ALIGNED, hf_logits, make_checkpoint
+from tiny import hf_logits, make_checkpoint
 
 import elastic_local
 from elastic_local.model import NemotronH, gemv, step
@@ -57,16 +57,6 @@ def test_a_bfloat16_network_decodes_in_c_nearer_transformers_than_its_torch_ops(
     assert err_c.max() < 0.05 * want.abs().max()
 
 
-@pytest.fixture(scope="module")
-def nested(tmp_path_factory):
-    from elastic_local.elastic.nest import nest
-
-    tmp = tmp_path_factory.mktemp("step_bf16")
-    # a state size and head size that leave vector tails (12 = 8 + 4) in the scan and attention
-    make_checkpoint(tmp / "parent", seed=3, **dict(ALIGNED, ssm_state_size=12, head_dim=12))
-    return nest(tmp / "parent", tmp / "nested", {"half": 0.5})
-
-
 def rounded_to_bf16(net: NemotronH) -> NemotronH:
     """A float32 network with what a bfloat16 load keeps in bf16 rounded to bf16 in place: the float32
     reference of that load's values (quantized weights are the same bytes in both)."""
@@ -84,12 +74,12 @@ def rounded_to_bf16(net: NemotronH) -> NemotronH:
 
 
 @pytest.mark.parametrize("precision", [None, "fp8", "nvfp4"])
-def test_every_budget_of_a_bfloat16_network_decodes_in_c_nearer_float32_than_its_torch_ops(nested, precision,
+def test_every_budget_of_a_bfloat16_network_decodes_in_c_nearer_float32_than_its_torch_ops(nested_tails, precision,
                                                                                           threads):
     """70 steps (the KV cache regrows past 64 inside the C step), every budget and precision, against the
     float32 load of the same values (its C step is transformers' to 1e-4, test_decode_step.py)."""
-    m = elastic_local.load(nested, precision=precision, dtype=torch.bfloat16)
-    ref = rounded_to_bf16(elastic_local.load(nested, precision=precision).net)
+    m = elastic_local.load(nested_tails, precision=precision, dtype=torch.bfloat16)
+    ref = rounded_to_bf16(elastic_local.load(nested_tails, precision=precision).net)
     ids = torch.randint(0, 96, (1, 80), generator=torch.Generator().manual_seed(5))
     copies = 0
     for b in (m.budget(name) for name in m.budgets):
@@ -103,18 +93,18 @@ def test_every_budget_of_a_bfloat16_network_decodes_in_c_nearer_float32_than_its
         assert len(m.net.c_floats) == copies > 0  # the float32 norms and convolution: one copy for every budget
 
 
-def test_a_bfloat16_load_keeps_its_linear_weights_in_bf16_panels_for_prompts_and_steps(nested):
+def test_a_bfloat16_load_keeps_its_linear_weights_in_bf16_panels_for_prompts_and_steps(nested_tails):
     """Panels against the [out, in] rows (`ELASTIC_LOCAL_CPU_LAYOUT=rows`): a prompt widened to float32 on
     the panels against torch's bf16 matmul on the rows, and the C step on each (the same float32 sums but
     for their order)."""
     def in_proj(m):
         return next(layer for layer in m.net.layers if hasattr(layer.mixer, "in_proj")).mixer.in_proj
 
-    m = elastic_local.load(nested, dtype=torch.bfloat16)
+    m = elastic_local.load(nested_tails, dtype=torch.bfloat16)
     assert isinstance(in_proj(m), Panels) and in_proj(m).dtype == torch.bfloat16
     with pytest.MonkeyPatch.context() as p:
         p.setenv("ELASTIC_LOCAL_CPU_LAYOUT", "rows")
-        rows = elastic_local.load(nested, dtype=torch.bfloat16)
+        rows = elastic_local.load(nested_tails, dtype=torch.bfloat16)
     assert isinstance(in_proj(rows), torch.Tensor) and in_proj(rows).dtype == torch.bfloat16
     ids = torch.randint(0, 96, (1, 30), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():

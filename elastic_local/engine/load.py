@@ -80,7 +80,7 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     # BF16 Linear weights stay bf16 for the panels (half of float32's memory and bytes per token; the
     # kernels widen them exactly); where the kernels turn out not to run they are widened below. A bf16
     # load takes panels only where the kernels run (else [out, in] rows, torch's faster bf16 layout): as
-    # rows, a smaller budget's strided views read 1.5-4x slower than contiguous ones (scratch), and the C
+    # rows, a smaller budget's strided views read 1.25-3.7x slower than contiguous ones (scratch), and the C
     # step ran gen16 at 3.0 ms a token full and 3.6 small, against 2.5 and 1.9 in panels (README)
     net = load_network(path, resident=resident, stored=stored_budget(cfg), dtype=dtype, device=device,
                        progress=progress, precision=precision, keep=keep,

@@ -66,6 +66,7 @@ _SIGNATURES = {
     "ssm_scan": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _C],
     "experts_prefill": [_P, _I, _I, _P, _P, _I, _I, _P, _P, _I, _P, _C],
     "to_bf16": [_P, _P, _I],
+    "owned": [_P, _I, _I, _P, _P],
     "release_threads": [],
     "float_mode": [],
     "set_float_mode": [_C],

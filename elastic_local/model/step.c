@@ -201,11 +201,10 @@ void rebalance(double *balance, int64_t team, const double *cycles, const double
    and cut into one run per thread (its share, me->cut), at whole units. Neighbouring threads compute the
    same cut from the same numbers, so the runs tile every product. Products too narrow to share alone (a
    few panels: expert ups, k and v, a budget's in_proj parts) keep every thread busy together. */
-static void own(const member *me, product *p, int count) {
-    const int64_t parts = threads_here(), part = thread_here();
+static void own_part(const double *cut, int64_t parts, int64_t part, product *p, int count) {
     int64_t total = 0;
     for (int i = 0; i < count; i++) total += p[i].w->out * weights_per_output(p[i].w);
-    const int64_t lo = cut_at(total, part, parts, me->cut), hi = cut_at(total, part + 1, parts, me->cut);
+    const int64_t lo = cut_at(total, part, parts, cut), hi = cut_at(total, part + 1, parts, cut);
     for (int64_t i = 0, start = 0; i < count; i++) {
         const weight *w = p[i].w;
         const int64_t K = weights_per_output(w);
@@ -213,6 +212,21 @@ static void own(const member *me, product *p, int count) {
         p[i].n1 = unit_edge(w, (hi - start) / K);
         start += w->out * K;
     }
+}
+
+static void own(const member *me, product *p, int count) {
+    own_part(me->cut, threads_here(), thread_here(), p, count);
+}
+
+/* own, for the tests: the outputs [n0, n1) that thread `part` of `team` computes of weight w under the
+   shares in balance (step.balance's layout); 0. */
+int owned(const double *balance, int64_t team, int64_t part, const weight *w, int64_t *n0n1) {
+    double cut[team + 1];
+    cuts_of(balance, team, cut);
+    product p = {w, NULL, NULL};
+    own_part(cut, team, part, &p, 1);
+    n0n1[0] = p.n0, n0n1[1] = p.n1;
+    return 0;
 }
 
 /* y[n0:n1] = (W x)[n0:n1], any format gemv.c reads. */
