@@ -120,7 +120,9 @@ def bench(name: str, path: Path | None, args) -> dict:
         for b in budgets:
             decode_tok_s(m, b, 4, v)
     runs = {(v, b): [] for v in variants for b in budgets}
+    meets = []
     for _ in range(args.reps):
+        meets.append(meeting_ns(args.threads))
         for b in budgets:
             for v in variants:
                 runs[v, b].append(decode_tok_s(models[v], b, args.new_tokens, v))
@@ -139,8 +141,33 @@ def bench(name: str, path: Path | None, args) -> dict:
         row["rows_over_torch"] = row["rows"]["tok_s"] / row["torch"]["tok_s"]
         if "compiled" in variants:
             row["compiled_over_torch"] = row["compiled"]["tok_s"] / row["torch"]["tok_s"]
+        # the kernels' efficiency rep by rep, beside that rep's meeting time
+        row["kernels_by_rep"] = [k / f / ideal for k, f in zip(runs["kernels", b], runs["kernels", full])]
         rows.append(row)
-    return {"rows": rows, "max_logit_diff": diff, "variants": variants}
+    return {"rows": rows, "max_logit_diff": diff, "variants": variants, "meet_ns": meets}
+
+
+def meeting_ns(threads: int) -> float:
+    """What one of the C step's meetings of `threads` threads (step.c's `meet`) costs now, in ns: set by where
+    the machine runs the threads, it moves from run to run (a VM's two vCPUs: 30 to 320 ns)."""
+    import ctypes
+
+    from elastic_local.model import gemv
+
+    ns = ctypes.c_double()
+    gemv.library().meet_time(20000, threads, ctypes.byref(ns))
+    return ns.value
+
+
+def by_meeting(meets: list[float], effs: list[float]) -> str:
+    """The median efficiency in the reps whose meetings were the faster half, and in the slower half."""
+    order = sorted(range(len(meets)), key=meets.__getitem__)
+    half = len(order) // 2
+    if not half:
+        return ""
+    fast, slow = order[:half], order[-half:]
+    return (f"{median(effs[i] for i in fast):.2f} where the meetings took {max(meets[i] for i in fast):.0f} ns "
+            f"or less, {median(effs[i] for i in slow):.2f} where {min(meets[i] for i in slow):.0f} ns or more")
 
 
 def main() -> None:
@@ -181,6 +208,13 @@ def main() -> None:
                   + (f" | {r['compiled_over_torch']:13.2f}x" if "compiled" in variants else ""))
         print(f"{name:6} max |logit difference| of a decode step, kernels against torch: "
               f"{res['max_logit_diff']:.2e}")
+        m = res["meet_ns"]
+        print(f"{name:6} a meeting of the C step's {args.threads} thread(s): {min(m):.0f}-{max(m):.0f} ns across the "
+              f"reps (median {median(m):.0f}); each token passes two dozen")
+        if args.threads > 1:
+            for r in res["rows"][1:]:
+                if split := by_meeting(m, r["kernels_by_rep"]):
+                    print(f"{name:6} {r['budget']:7} kernels efficiency rep by rep: {split}")
     print(json.dumps({"args": vars(args), "results": results}))
 
 

@@ -2,6 +2,7 @@
 against the torch path, for every block kind, budget and precision; and where it hands over to torch."""
 
 import ctypes
+import math
 import os
 from dataclasses import FrozenInstanceError, replace
 
@@ -351,6 +352,16 @@ def test_each_thread_owns_the_outputs_its_share_says_at_whole_panels():
         want = [sum(kept[:t + 1]) * 256 for t in range(team - 1)]
         assert all(abs(n1 - x) <= 12 for (_, n1), x in zip(got, want)), (shares, got)
     assert parts([0.25, 0.75])[0] != parts([0.7, 0.3])[0]
+
+
+def test_meetings_end_on_one_two_and_more_threads_than_cores():
+    """meet_time (bench_budgets' probe of what a meeting costs): every thread passes every round and the call
+    returns, on one thread, on two, and on more than the cores (the path that yields the core)."""
+    lib = gemv.library()
+    for threads in (1, 2, os.cpu_count() + 1):
+        ns = ctypes.c_double(-1.0)
+        assert lib.meet_time(2000, threads, ctypes.byref(ns)) == 0
+        assert math.isfinite(ns.value) and ns.value >= 0.0
 
 
 def test_shares_move_toward_the_threads_speeds_within_bounds():

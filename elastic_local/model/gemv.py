@@ -67,6 +67,7 @@ _SIGNATURES = {
     "experts_prefill": [_P, _I, _I, _P, _P, _I, _I, _P, _P, _I, _P, _C],
     "to_bf16": [_P, _P, _I],
     "owned": [_P, _I, _I, _P, _P],
+    "meet_time": [_I, _C, _P],
     "release_threads": [],
     "float_mode": [],
     "set_float_mode": [_C],

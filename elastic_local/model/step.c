@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -1079,6 +1080,25 @@ int decode_token(const step *s, int64_t token, int64_t pos, float *logits, int t
 int decode_greedy(const step *s, int64_t token, int64_t pos, int64_t n, const int64_t *stops, int64_t nstops,
                   const int32_t *halt, int64_t *out, float *logits, int threads) {
     return (int)run_tokens(s, token, pos, n, stops, nstops, halt, out, logits, threads);
+}
+
+/* The wall time of one `meet` among `threads` threads, averaged over `rounds` (into *ns): a token of the demo
+   passes two dozen, and what each costs is the machine's, not this file's: two vCPUs of this VM took 30 to
+   320 ns, run to run seconds apart (where the host put them), which sets how much a second thread speeds a
+   small budget's token (bench_budgets prints it beside the rates). */
+int meet_time(int64_t rounds, int threads, double *ns) {
+    meeting all = {0, 0};
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    #pragma omp parallel num_threads(threads)
+    {
+        const int64_t team = threads_here();
+        member me = {&all, 0, team, team > omp_procs() ? 64 : 1 << 14, NULL, NULL};
+        for (int64_t r = 0; r < rounds; r++) meet(&me);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    *ns = ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / (double)rounds;
+    return 0;
 }
 
 /* ------------------------------------------------------------------------------ norms over a prompt */
