@@ -46,7 +46,7 @@ PREALLOC_TOKENS = 32768
 
 # How far `run(ahead=True)` lets a lone greedy row run ahead of its events in one call (model.decode_greedy):
 # as many tokens as the last ones say fit in this time. On the demo model a token is 60-130 us, and the
-# Python around each step (the call, sampling, the loop) a fifth to a third of it (README, "Greedy tokens
+# Python around each step (the call, sampling, the loop) a fifth to a third of it (docs/decode-speed.md, "Greedy tokens
 # ahead"); a model whose token takes longer than this runs one token a call.
 RUN_AHEAD_S = 0.002
 # collect()'s runs ahead: nobody reads its events between tokens (a cancel still stops a run at its token),

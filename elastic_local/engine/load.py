@@ -25,7 +25,8 @@ def cpu_layout() -> str:
     """How CPU float32 weights are kept: "transposed" ([in, out], model/linear.Transposed) by default, or
     "rows" ([out, in], as stored). Decode steps run on the CPU decode kernels (model/gemv.py) in both;
     [in, out] keeps a hidden-size cut contiguous (the hidden size is the input of the largest weights),
-    where [out, in] leaves every row partly read and its small budgets lose (README, CPU decode kernels)."""
+    where [out, in] leaves every row partly read and its small budgets lose (docs/decode-speed.md, "CPU
+    decode kernels")."""
     return "rows" if os.environ.get(LAYOUT_ENV) == "rows" else "transposed"
 
 
@@ -47,7 +48,7 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     `cuda_graphs` (CUDA only): one-token decode steps replay from a CUDA graph per budget and cache
     (`NemotronH.capture_decode`); taken before `compile` where both are set. None (the default): graphs on
     CUDA unless `compile` is set (a decode step there is hundreds of launches; replayed, one: 8-18x on an
-    H200, README), none elsewhere."""
+    H200, docs/decode-speed.md), none elsewhere."""
     if cuda_graphs and torch.device(device).type != "cuda":  # before any weight is read
         raise ValueError(f"CUDA graphs record GPU kernels; the device is {device}: load on a CUDA device "
                          "(--device cuda), or leave CUDA graphs off")
@@ -81,7 +82,7 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     # kernels widen them exactly); where the kernels turn out not to run they are widened below. A bf16
     # load takes panels only where the kernels run (else [out, in] rows, torch's faster bf16 layout): as
     # rows, a smaller budget's strided views read 1.25-3.7x slower than contiguous ones (scratch), and the C
-    # step ran gen16 at 3.0 ms a token full and 3.6 small, against 2.5 and 1.9 in panels (README)
+    # step ran gen16 at 3.0 ms a token full and 3.6 small, against 2.5 and 1.9 in panels (docs/decode-speed.md)
     net = load_network(path, resident=resident, stored=stored_budget(cfg), dtype=dtype, device=device,
                        progress=progress, precision=precision, keep=keep,
                        linear_dtype=torch.bfloat16 if panels else None)

@@ -173,7 +173,7 @@ class Row:
         """`accept` every token of a run ahead, for a caller that reads no pieces (collect): all but the last
         decide nothing (Row.run_ahead's contract), so the run is appended and its text decoded at once (with
         the last token decoded apart, the run's window was decoded again: a 48-token demo answer's Python
-        after its C call took 100-121 us, now 66-84; README, "A generation's run ahead in one call")."""
+        after its C call took 100-121 us, now 66-84; docs/decode-speed.md, "A generation's run ahead in one call")."""
         self._accept(tokens)
 
     def _accept(self, tokens: Sequence[int]) -> list[Piece]:

@@ -62,7 +62,7 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     Why not one sort of the vocabulary: on a CPU it cost 16 ms a token at 131k tokens (2 threads), while
     a trained model's nucleus is rarely more than a few hundred tokens. The most likely 256 are taken first
     (0.9 ms in all at 131k); only where they hold less than top_p, 4096, then all of them; a stage only
-    where it is at most 1/16 of the vocabulary, else it costs more than it saves (README, "Sampling")."""
+    where it is at most 1/16 of the vocabulary, else it costs more than it saves (docs/decode-speed.md, "Sampling")."""
     vocab = probs.shape[-1]
     for k in [k for k in (256, 4096) if 16 * k <= vocab] + [vocab]:
         p, order = probs.topk(k, dim=-1) if k < vocab else probs.sort(dim=-1, descending=True)
@@ -77,7 +77,7 @@ def sample(logits: torch.Tensor, s: Sampling, generator: torch.Generator | None 
 
     Greedy float32 logits on the CPU take numpy's argmax (the same first maximum, NaN counted largest, as
     torch's): right after a decode step, whose weights have pushed the interpreter out of the caches,
-    torch's dispatch of one argmax cost the demo model about 20 us a token more (README, "The Python
+    torch's dispatch of one argmax cost the demo model about 20 us a token more (docs/decode-speed.md, "The Python
     around a token")."""
     if s.greedy:
         if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad:
@@ -92,7 +92,7 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch
 
     Why not torch.multinomial: on a CPU it cost 1.3-1.4 ms a draw at a 32k vocabulary and 5.1-5.8 ms at
     131k (Star Elastic's), against 0.14 / 0.33 ms this way (2 threads), while a 100m model's whole decode
-    step takes about 10 ms (README, "Sampling")."""
+    step takes about 10 ms (docs/decode-speed.md, "Sampling")."""
     c = probs.cumsum(-1)
     total = c[:, -1:]
     if not 0 < float(total.sum()) < math.inf:  # a NaN anywhere fails both comparisons

@@ -40,7 +40,7 @@ class Handover:
     next wake-up, or for the consumer's own look every `every` seconds. Why: woken for every token, the
     consumer's thread takes a core from the decode step's threads for a moment each time: on 2 cores the
     demo model streamed 7200-7300 tok/s that way against 8100-8200 through `generate`, and 8000-8200 in
-    batches (README, "A stream on its own thread")."""
+    batches (docs/decode-speed.md, "A stream on its own thread")."""
 
     every = 0.02
 
@@ -74,7 +74,7 @@ class _Engine:
     down on one thread (a finished stream's thread exiting) followed by a new team on another costs about
     7 ms here: libgomp spins out its 300,000-turn wait (GOMP_SPINCOUNT=1000 removes it). A thread per
     stream paid that before every reply's first token: 9-16 ms for the demo model in a chat, against
-    3-4 on one thread (README, "A reply's first token on the engine's thread"). The thread gives its own
+    3-4 on one thread (docs/decode-speed.md, "A reply's first token on the engine's thread"). The thread gives its own
     team back after each generation, which costs it 0.5 ms at the next, so that an idle team does not
     slow a generation on another thread (gemv.release_threads)."""
 

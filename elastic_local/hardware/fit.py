@@ -78,8 +78,9 @@ def plan_checkpoint(path: str | Path, profile: Profile, context: int = 32768, ca
     """Cost every (budget, precision) the directory offers on `profile`; `keep` names the modules a
     load-time quantization keeps in BF16 (none by default). `float32`: for a float32 load instead of the
     bf16 one the plan otherwise assumes (high-precision weights, KV cache, conv state and activations at
-    4 bytes): a CPU's prompt runs its C kernels only in float32 (README, "C decode step"). On a CPU with the
-    C kernels (`profile.cpu_kernels`) that load keeps BF16 Linear weights in bf16 (engine.load)."""
+    4 bytes): a CPU's prompt runs its C scan, convolution and experts only in float32 (docs/decode-speed.md,
+    "CPU prefill in C"; in bfloat16 its products alone). On a CPU with the C kernels
+    (`profile.cpu_kernels`) that load keeps BF16 Linear weights in bf16 (engine.load)."""
     path = Path(path)
     cfg = NemotronHConfig.from_dir(path)
     budgets = read_budgets(cfg, where=str(path / "config.json"))

@@ -20,7 +20,7 @@
  * outputs, each [K, 24] contiguous, panel q + 1's rows `ps` floats after panel q's. A budget's view (its
  * first K inputs, outputs [r0, r1)) is then every panel's first K rows: one contiguous run per panel,
  * whatever the budget cuts, where a plain transpose [K, N] gave short row pieces a stride apart that
- * streamed 1.2-1.4x slower than the same bytes contiguous (README, "Budgets in column panels"). A view
+ * streamed 1.2-1.4x slower than the same bytes contiguous (docs/decode-speed.md, "Budgets in column panels"). A view
  * starts `skip` columns into its first panel. One row of x runs over four panels at a time (twelve
  * accumulators, four streams); more rows run the blocked product's register tiles straight on the panels
  * (section "Many rows of x"). A BF16 file's weights are kept in bf16 panels of the same shape, widened
@@ -122,7 +122,7 @@ __attribute__((constructor)) static void fill_e4m3_values(void) {
    leaves its exponent and mantissa where a bf16's low exponent bits and mantissa lie, a mask clears the
    sign's copies (a bf16 of value * 2^-120; e4m3's subnormals become float32 subnormals, exactly), and each
    32-bit pair of bf16s gives two floats, by a shift and by a mask. The fp16 conversion it replaced is slow
-   on this project's CPU (AMD Zen 1; README, "FP8 and NVFP4 decode without the fp16 conversion").
+   on this project's CPU (AMD Zen 1; docs/decode-speed.md, "FP8 and NVFP4 decode without the fp16 conversion").
    The floats of each block of 32 come out as its inputs 0, 2, 4, 6, 16, 18, 20, 22, then the odd ones
    of the same, then 8, 10 .. 30 and the odd ones of those, so x is permuted to match, and scaled by 2^a
    (fp8_inputs) so that the products x 2^a * value 2^-120 are those of x * value times 2^(a - 120): the
@@ -216,7 +216,7 @@ static inline __m256 block_nvfp4(const float *x, __m128i bytes) {
    hold block 0 in their low lanes and block 2 in their high ones, v[4..7] blocks 1 and 3, the inputs in
    the order permute64 gives x. Two byte shuffles give each code's bf16 (its high and its low byte), which
    interleave into 16-bit lanes, and each 32-bit pair of bf16s gives two floats by a shift and a mask (as
-   in bf16_panel_row): no fp16 conversion, which is slow on this project's CPU (AMD Zen 1; README, "FP8
+   in bf16_panel_row): no fp16 conversion, which is slow on this project's CPU (AMD Zen 1; docs/decode-speed.md, "FP8
    and NVFP4 decode without the fp16 conversion"). */
 static inline void e2m1x64(const uint8_t *w, __m256 v[8]) {
     const __m256i high_bytes = _mm256_setr_epi8(
@@ -338,14 +338,14 @@ static inline void decode_bf16(const uint16_t *w, int64_t K, float *out) {
  * Float32 weights are stored in such panels already (the tiles read them where they lie); the other
  * formats are decoded into one, their scale folded in. On this project's 2-core AMD EPYC (Zen 1), at a
  * prompt's 128 rows, packed panels reached 80-100% of a bare FMA loop's rate and ran 1.24-1.29x MKL's
- * sgemm; from 512 rows 1.0-1.2x (README, "Prefill products on packed panels"). */
+ * sgemm; from 512 rows 1.0-1.2x (docs/decode-speed.md, "Prefill products on packed panels"). */
 
 #define PW 24  /* outputs per panel: three vectors */
 #define KC 256 /* panel rows a tile runs over: 24 x 256 floats = 24 KiB, within a 32 KiB L1 beside x's rows */
 
 /* c[r, 0:24] (+)= sum_k a[r, k] p[k, 0:24], r < R (a's rows lda apart), p [kc, 24] contiguous: twelve
    accumulators, 12 FMAs per k against 3 loads of p and 4 broadcasts of a (6 x 16 tiles: slower on five of
-   six prompt shapes, README) */
+   six prompt shapes, docs/decode-speed.md) */
 static inline __attribute__((always_inline)) void tile_packed(int R, const float *a, int64_t lda, const float *p,
                                                               int64_t kc, float *c, int64_t ldc, int add) {
     __m256 acc[4][3];
@@ -514,9 +514,9 @@ static void rows_to_columns(const float *r, int64_t K, float scale, float *P) {
 /* y[:, n0:n1] = x W[n0:n1]^T * scale, W's rows ldw bytes apart (NVFP4's scales lds bytes): 24 weight rows at
    a time decoded (eight at a time, then transposed in registers, their scale folded in) into a panel
    P [K, 24], which the blocked product's tiles then run over, KC rows of it at a time (each decode serves
-   every row of x, each load of the panel four of them). The transpose replaced a scalar store per value: 0.98-1.15x,
-   1.05x geometric mean, on 128-token FP8 / NVFP4 prompts (six A/B runs, README). Returns 0 where the panel
-   could not be allocated, and the caller takes the dot products. */
+   every row of x, each load of the panel four of them). The transpose replaced a scalar store per value:
+   0.98-1.15x, 1.05x geometric mean, on 128-token FP8 / NVFP4 prompts (six A/B runs, docs/decode-speed.md).
+   Returns 0 where the panel could not be allocated, and the caller takes the dot products. */
 static int panels(int format, const float *x, const void *w, const uint8_t *scales, float *y, int64_t M,
                   int64_t N, int64_t K, int64_t ldw, int64_t lds, float scale, int64_t n0, int64_t n1) {
     float *P = aligned_alloc(32, sizeof(float) * ((PW * K + 8 * K + 4 * PW + 7) / 8 * 8));

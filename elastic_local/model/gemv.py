@@ -194,7 +194,7 @@ def release_threads() -> None:
     the kernel instead. Each decode step is one parallel region: its start and end then cost a wake-up
     (its barriers are step.c's own and keep spinning): the demo's C step took 148-172 us on a Stream's
     thread beside a kept team against 102-110 on the main thread, and, with OpenMP's barriers before,
-    451-492 (README, "The decode step's own barrier"). The calling thread's next parallel region starts
+    451-492 (docs/decode-speed.md, "The decode step's own barrier"). The calling thread's next parallel region starts
     a new team (tens of microseconds). Without the kernels, through the libgomp torch loaded: torch's own
     parallel work leaves teams too, and stream.py's engine thread outlives its generations."""
     if _library:
@@ -282,7 +282,7 @@ def panels(x: Tensor, p: Tensor, skip: int, n: int) -> Tensor:
     read, the same sums as its float32 panels): p [panels, in, 24], panel rows
     contiguous, the view's `n` outputs starting `skip` columns into the first panel. Up to MAX_ROWS rows
     of x four panels at a time; more (a prompt) on the blocked product's tiles, which on this project's
-    CPU ran 1.24-1.29x MKL's sgemm at 128 rows, 1.0-1.2x from 512 (README, "Prefill products on packed
+    CPU ran 1.24-1.29x MKL's sgemm at 128 rows, 1.0-1.2x from 512 (docs/decode-speed.md, "Prefill products on packed
     panels"). Inside a compiled step it is an op that inductor leaves opaque."""
     return (_panels_op if torch.compiler.is_compiling() else _panels)(x, p, skip, n)
 

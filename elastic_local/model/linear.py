@@ -80,7 +80,7 @@ class Transposed:
     `x @ t` walks the rows of t (one input channel's outputs each); a budget's view `t[:cols, r0:r1]` is a
     prefix of those rows, where the [out, in] layout sends every strided view (every smaller budget) to
     MKL's slow path. Measured on the demo model, one thread, decode tok/s full / mid / small: [out, in]
-    141 / 171 / 162, this layout 203 / 199 / 261 (torch's matmul, before the kernels; README). Float32
+    141 / 171 / 162, this layout 203 / 199 / 261 (torch's matmul, before the kernels; docs/decode-speed.md). Float32
     only: in bfloat16 torch's `x @ t` on this CPU runs at half the speed of the [out, in] path (demo full
     budget 99 against 196 tok/s), so bf16 weights stay [out, in]. Training keeps the [out, in] tensors
     (autograd, optimizer state)."""
@@ -144,7 +144,7 @@ class Panels:
     [in, out] that cuts the outputs is short row pieces a stride apart (expert up / down projections, out
     projections when the hidden size shrinks), which the CPU streamed 1.2-1.4x slower than the same bytes
     contiguous (scratch, 2 threads). In panels every view is one contiguous run per panel, so a small budget
-    reads at the speed of a model of its own size (README, "Budgets in column panels"); and the panels
+    reads at the speed of a model of its own size (docs/decode-speed.md, "Budgets in column panels"); and the panels
     are the blocked product's own layout, so a prompt's tiles read them without a packing copy.
 
     bf16 panels (a BF16 file's weights, which the kernels widen as they read) store each row's columns in

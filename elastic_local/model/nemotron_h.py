@@ -122,7 +122,7 @@ class NemotronH:
     def compile_decode(self) -> None:
         """Run one-token decode steps (inference, no observer) through `torch.compile`, one graph per budget,
         compiled on that budget's first step. Why: a decode step of a small model is a few thousand small
-        ops whose Python and dispatch cost outweighs reading the weights (measured, README "Compiled
+        ops whose Python and dispatch cost outweighs reading the weights (measured, docs/decode-speed.md "Compiled
         decode"). The step is the same layer code, with attention over the cache's whole capacity under
         a position mask so that no shape depends on the position. Float weights only: packed FP8 / NVFP4
         weights pick their expert blocks in Python, which the tracer cannot follow; those run eagerly."""

@@ -4,7 +4,7 @@
  * convolution and scan (model/kernels.py calls them) and the routed experts (model/moe.py).
  *
  * Why: a decode step of a small model is a few thousand small torch ops whose dispatch costs more than
- * reading the weights (README, CPU decode kernels). Here a token is one call and one parallel region;
+ * reading the weights (docs/decode-speed.md, CPU decode kernels). Here a token is one call and one parallel region;
  * a block is norm, projections, the mixer's recurrence and the residual add, run by every thread.
  *
  * Each function follows the torch code it stands for (mamba2.py, attention.py, moe.py, linear.py's
@@ -58,13 +58,13 @@ typedef struct {     /* y[n] = sum_k W[n, k] x[k], n < out, k < in */
  * products whose outputs a block's next part reads whole, and at the end of each block, whose residual
  * the next block's norm reads whole. Each thread computes a block's norm (d floats) itself instead of
  * waiting for one thread to. (One region per block, a barrier after each norm and a split-K round for
- * each narrow product cost small budgets most: README, "One parallel region a token".)
+ * each narrow product cost small budgets most: docs/decode-speed.md, "One parallel region a token".)
  *
  * The barrier is this file's own (`meet`): OpenMP's costs 0.26 us here even on one thread (libgomp makes
  * a futex system call at each), against 0.04 us for two threads counting on a shared line, and a token
  * passes two or three a block. It also keeps spinning where libgomp would sleep: libgomp cuts its spin to
  * 100 turns once the threads it has ever led outnumber the cores, which made each barrier a kernel sleep
- * and wake-up (README, "A stream on its own thread"). It yields the core instead of spinning where the
+ * and wake-up (docs/decode-speed.md, "A stream on its own thread"). It yields the core instead of spinning where the
  * region has more threads than the process has cores, or after a long wait (a thread descheduled). */
 typedef struct { /* one decode_token call's: rounds arrived at and passed, counted from 0 */
     _Alignas(64) atomic_llong arrived;
@@ -1109,7 +1109,7 @@ int meet_time(int64_t rounds, int threads, double *ns) {
    x is gated first, x silu(z), as Mamba2 gates before its norm. The decode step's arithmetic (silu_into,
    norm_group), rows shared among the threads. torch runs a norm as six ops over the whole
    prompt (pow, mean, add, rsqrt, two muls) and the gate as two more: about 5% of a 30m / 100m prompt
-   (scratch, README). */
+   (scratch, docs/decode-speed.md). */
 void norm_rows(const float *x, const float *z, int64_t ldz, const float *w, float *out, int64_t rows,
                int64_t width, int64_t groups, int64_t p, float eps, int threads) {
     const int64_t r = width / (groups * p);

@@ -1,7 +1,7 @@
 """The batch-1 decode step on the CPU in C: one call per token (step.c), its arguments built once per budget.
 
 Why: batch-1 decode of a small model is a few thousand small torch ops per token whose dispatch, not the
-weights, sets the speed (README, CPU decode kernels). step.c runs each block (norm, projections, the
+weights, sets the speed (docs/decode-speed.md, CPU decode kernels). step.c runs each block (norm, projections, the
 mixer's state update, the residual add) in one function on gemv.c's products, and a token through every
 block and the head in one call (a call per block cost about 6 us each). The budget's weights are the
 same prefix views the torch path cuts (`linear.block`), described once as pointers and strides: no
@@ -12,7 +12,7 @@ float32 either way: a bfloat16 model's embedding, convolution states and K / V c
 widens them as it reads them and rounds what it writes, as the torch path stores them; the planner's
 memory holds), and its norm and convolution weights, a few KiB a layer, are read from float32 copies,
 one per tensor for every budget (`_floats`). On the torch path a bf16 token was a few thousand bf16 ops,
-2.4x (full budget) to 5x (small) slower than this step, and slower on a smaller budget (gen16; README).
+2.4x (full budget) to 5x (small) slower than this step, and slower on a smaller budget (gen16; docs/decode-speed.md).
 `build` returns None (and the torch path runs) for what step.c does not cover: another device or dtype,
 group-limited routing (n_group > 1), a weight split across parts (a quantized q|k|v is cut into its
 parts, so only a foreign weight type ends here), or a CPU without the decode kernels.
