@@ -1,19 +1,25 @@
 """CPU prefill: gemv.c's products on float32 weights in column panels against torch's matmul (MKL) on the
 plain transpose, product by product, side by side in one process.
 
-    .venv/bin/python benchmarks/bench_prefill.py [--configs 30m,100m] [--reps 9] [--threads 2]
+    .venv/bin/python benchmarks/bench_prefill.py [--configs 30m,100m] [--reps 9] [--threads 2] [--bf16]
 
 Every distinct float32 projection of the config (linear.Panels: Mamba's in_proj and out_proj,
 attention's, the shared expert's), x of 16 / 128 / 1024 rows (a short prompt, the benchmark prompt, a
 prefill chunk), and a budget's view (half the outputs of the widest): `x @ t` on the contiguous
 transpose t [in, out] against `Panels.linear`, alternated rep by rep: GFLOP/s medians and the ratio.
+With --bf16, the same products in bfloat16 (bf16 x on the weight's bf16 panels, as a bfloat16 load of a BF16
+file runs them): torch's bf16 matmul, the panels widened to float32 FMAs (ELASTIC_LOCAL_BF16_DOT=0) and the
+panels on the CPU's bf16 dot products (AVX512-BF16, gemv.c's gemm_p_bf16x); then whole prompts of 128 and
+512 tokens of the config loaded in bfloat16, the dots off and on.
 Whole prompts against an earlier revision: bench_revs.py (each revision's own layout and code).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
@@ -77,11 +83,72 @@ def products(m, name: str, reps: int) -> None:
         print(f"{label:>22} " + "  ".join(cells))
 
 
+@contextlib.contextmanager
+def bf16_dot(on: bool):
+    """The bf16 dot products (gemv.bf16_dot) on or off for what runs inside."""
+    from elastic_local.model import gemv
+
+    before = os.environ.get(gemv.BF16_DOT_ENV)
+    os.environ[gemv.BF16_DOT_ENV] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        os.environ.pop(gemv.BF16_DOT_ENV) if before is None else os.environ.update({gemv.BF16_DOT_ENV: before})
+
+
+def bf16_products(m, name: str, reps: int) -> None:
+    """The same products in bfloat16 (a bfloat16 load's prompt on a BF16 file's bf16 panels): torch's bf16
+    matmul on the contiguous transpose, the panels widened to float32 FMAs, and the panels on bf16 dots."""
+    from elastic_local.model.linear import Panels
+
+    print(f"\n[{name}] bfloat16 products, GFLOP/s (median of {reps}): torch, panels widened, panels on bf16 dots")
+    print(f"{'weight [in, out]':>22} " + "  ".join(f"{r:>4} rows: torch  widen    dot  dot/widen  dot/torch"
+                                                  for r in ROWS))
+    for w in projections(m):
+        t = w.dense().bfloat16().contiguous()
+        p = Panels.of(t.T)
+        cells = []
+        for rows in ROWS:
+            x = torch.randn(rows, t.shape[0]).bfloat16()
+            with bf16_dot(True):
+                torch.testing.assert_close(p.linear(x).float(), (x @ t).float(), rtol=0.02, atol=0.02)
+            flop = 2 * rows * t.shape[0] * t.shape[1]
+
+            def on(dot: bool, x=x, p=p):
+                with bf16_dot(dot):
+                    return p.linear(x)
+            s = alternate({"torch": lambda x=x, t=t: x @ t, "widen": lambda: on(False), "dot": lambda: on(True)},
+                          reps, max(1, int(2e8 // flop)))
+            g = {k: flop / v / 1e9 for k, v in s.items()}
+            cells.append(f"{'':>10}{g['torch']:6.1f} {g['widen']:6.1f} {g['dot']:6.1f} {g['dot'] / g['widen']:9.2f}x "
+                         f"{g['dot'] / g['torch']:9.2f}x")
+        print(f"{w.shape[1]}x{w.shape[0]:<{21 - len(str(w.shape[1]))}} " + "  ".join(cells))
+
+
+def bf16_prompts(path, name: str, reps: int) -> None:
+    """Whole prompts of a bfloat16 load (the CPU's load where float32 does not fit), bf16 dots on and off,
+    alternated: tok/s of a forward over the prompt into a fresh cache."""
+    import elastic_local
+
+    m = elastic_local.load(str(path), dtype=torch.bfloat16)
+    print(f"\n[{name}] bfloat16 load, whole prompts, tok/s (median of {reps}): bf16 dots off / on")
+    for n in (128, 512):
+        ids = torch.randint(10, m.net.cfg.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
+
+        def prompt(dot: bool, ids=ids):
+            with bf16_dot(dot):
+                m.forward(ids, cache=m.new_cache(batch_size=1), last_only=True)
+        s = alternate({"off": lambda: prompt(False), "on": lambda: prompt(True)}, reps, 1)
+        print(f"{n:>5} tokens: {n / s['off']:8.1f} / {n / s['on']:8.1f}  ({s['off'] / s['on']:.2f}x)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configs", default="30m,100m")
     p.add_argument("--reps", type=int, default=9)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--bf16", action="store_true", help="also the products and whole prompts in bfloat16, bf16 "
+                   "dot products (AVX512-BF16) against the panels widened to float32")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     import elastic_local
@@ -91,8 +158,15 @@ def main() -> None:
         raise SystemExit("the CPU kernels are unavailable here (see the warning): nothing to compare")
     print(f"{args.threads} threads; torch {torch.__version__}")
     for name in args.configs.split(","):
+        path = bench_ab.checkpoint(name)
         with torch.inference_mode():
-            products(elastic_local.load(str(bench_ab.checkpoint(name))), name, args.reps)
+            m = elastic_local.load(str(path))
+            products(m, name, args.reps)
+            if args.bf16:
+                if not gemv.bf16_dot():
+                    raise SystemExit("--bf16: this CPU has no AVX512-BF16 dot products")
+                bf16_products(m, name, args.reps)
+                bf16_prompts(path, name, args.reps)
 
 
 if __name__ == "__main__":

@@ -232,6 +232,70 @@ def test_bf16_panels_give_exactly_the_float32_panels_results(shape, rows, thread
         torch.testing.assert_close(got, F.linear(x[:, :cols], w[r0:r1, :cols].float()), rtol=1e-5, atol=1e-4)
 
 
+def bf16_dot_or_skip() -> None:
+    if not gemv.bf16_dot():
+        pytest.skip("this CPU has no AVX512-BF16 dot products: bf16 prompts widen to float32 (tested above)")
+
+
+def float32_sum_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """|error| of any float32 sum of x @ w.T's K exact products, in any order: K u sum_k |x_k w_k|."""
+    return x.shape[-1] * 2.0**-24 * (x.double().abs() @ w.double().abs().T)
+
+
+@pytest.mark.parametrize("rows", [5, 8, 13, 130, 300])
+@pytest.mark.parametrize("shape", [(300, 80), (33, 1000), (5000, 700)])
+def test_a_bf16_prompt_on_bf16_dot_products_sums_its_exact_products_in_float32(shape, rows, threads):
+    """gemm_p_bf16x (AVX512-BF16): every view of a bf16 panel weight, prompt-sized rows of bf16 x (past 8-row
+    tiles, a 128-row block and a 256-input slab), within a float32 sum's error bound of the exact products
+    (the widening path's bound too), and rounded to bf16 through Panels.linear as torch's bf16 matmul is."""
+    from elastic_local.model.linear import Panels
+
+    bf16_dot_or_skip()
+    out, k = shape
+    w = weight(shape, seed=7).bfloat16()
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).bfloat16()
+    p = Panels.of(w)
+    for r0, r1, cols in views(out, k):
+        cols -= cols % 2  # even inputs: an odd count takes the widening path (next test)
+        v, xs = p.block(r0, r1, cols), x[:, :cols].contiguous()
+        y = torch.empty(rows, r1 - r0)
+        assert gemv.library().gemm_p_bf16x(xs.data_ptr(), v.p.data_ptr(), y.data_ptr(), rows, r1 - r0, cols,
+                                           v.p.stride(0), v.skip, threads) == 0
+        exact = xs.double() @ w[r0:r1, :cols].double().T
+        assert ((y.double() - exact).abs() <= float32_sum_bound(xs, w[r0:r1, :cols])).all(), (r0, r1, cols)
+        torch.testing.assert_close(v.linear(xs), y.bfloat16(), rtol=0, atol=0)
+
+
+def test_bf16_prompts_take_the_dot_products_only_where_they_can(monkeypatch):
+    """Where the CPU has them: a bf16 prompt of an even input count on bf16 panels; an odd count, float32 x,
+    a decode row or ELASTIC_LOCAL_BF16_DOT=0 widen to float32 instead. Inputs below bf16's normal range
+    count as zero there (the instruction's DAZ, as gemv.c says)."""
+    from elastic_local.model.linear import Panels
+
+    bf16_dot_or_skip()
+    spy = Spy(gemv.library())
+    monkeypatch.setattr(gemv, "_library", spy)
+    w = weight((48, 64)).bfloat16()
+    p = Panels.of(w)
+    x = torch.randn(9, 64).bfloat16()
+    for view, xs in ((p, x), (p.block(0, 48, 63), x[:, :63]), (p, x.float()), (p, x[:1])):
+        spy.called.clear()
+        view.linear(xs)
+        assert [c for c in spy.called if c.startswith("gem")] == (
+            ["gemm_p_bf16x"] if xs is x else ["gemv_p_bf16"] if len(xs) == 1 else ["gemm_p_bf16"])
+    monkeypatch.setenv(gemv.BF16_DOT_ENV, "0")
+    spy.called.clear()
+    p.linear(x)
+    assert "gemm_p_bf16x" not in spy.called and "gemm_p_bf16" in spy.called
+    y = torch.empty(8, 24)
+    assert gemv.library().gemm_p_bf16x(x.data_ptr(), p.p.data_ptr(), y.data_ptr(), 8, 24, 63, p.p.stride(0), 0, 1) == -2
+    tiny = Panels.of(torch.full((24, 16), 1e30).bfloat16())
+    sub = torch.full((8, 16), 1e-39).bfloat16()  # subnormal in bf16
+    assert gemv.library().gemm_p_bf16x(sub.data_ptr(), tiny.p.data_ptr(), y.data_ptr(), 8, 24, 16, tiny.p.stride(0),
+                                       0, 1) == 0
+    assert (y == 0).all()
+
+
 class Spy:
     """The kernels' library, noting which entry points are called."""
 

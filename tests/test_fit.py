@@ -372,7 +372,7 @@ def test_fit_on_a_cpu_says_which_dtype_the_chat_computes_in(tiny, no_user_profil
     rc, out, _ = run_cli(capsys, "fit", str(tiny / "bf16"), "--profile", "cpu")
     assert rc == 0 and "--precision bf16    # chat with full in bf16, float32 compute" in out
     p = fit.plan_checkpoint(tiny / "bf16", least_memory_for(tiny / "bf16", elastic_local.hardware.get_profile("cpu")))
-    assert fit.next_steps(tiny / "bf16", p)[0].endswith("bf16 compute (float32, with faster prompts, does not fit)")
+    assert fit.next_steps(tiny / "bf16", p)[0].endswith("bf16 compute (float32, exact, does not fit)")
 
 
 def test_unsupported_quantization_is_a_clear_error(tiny, capsys, tmp_path):

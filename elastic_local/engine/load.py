@@ -38,9 +38,9 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     then runs as views. "auto" for
     `budget` and/or `precision` asks the fit planner what this machine holds. `dtype` (compute and
     high-precision weights) defaults to bfloat16 on CUDA, float32 on a CPU; with "auto" on a CPU, float32
-    where the pick fits in it too (the planner plans bf16; a CPU prefills faster in float32, its C kernels),
-    else bfloat16. On a CPU with the C kernels, both keep BF16 Linear weights in bf16 column panels and
-    decode in the C step (model/step.py).
+    where the pick fits in it too (the planner plans bf16; float32 computes exactly, and prefills faster
+    where the CPU has no bf16 dot products), else bfloat16. On a CPU with the C kernels, both keep BF16
+    Linear weights in bf16 column panels and decode in the C step (model/step.py).
     `precision`: None keeps what the file stores; "fp8" / "nvfp4" from a BF16 file quantize while loading
     (`keep`: module patterns left in high precision); "bf16" from a quantized file dequantizes.
     `compile`: one-token decode steps run through torch.compile, one graph per budget compiled on its first

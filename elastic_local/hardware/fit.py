@@ -138,9 +138,10 @@ def choose(path: str | Path, device: str | None = None, context: int = 32768, ca
 
 def in_float32(path: str | Path, profile: Profile, budget: str, precision: str, context: int = 32768,
                caches: int = 2) -> Candidate | None:
-    """The float32 candidate of (budget, precision) where it fits on `profile`, else None: a CPU prefills
-    faster in float32 (its C kernels) than in the bf16 the plan assumes, and computes exactly, at more
-    memory (caches, activations and the small high-precision tensors at 4 bytes; see `plan_checkpoint`)."""
+    """The float32 candidate of (budget, precision) where it fits on `profile`, else None: a CPU computes
+    exactly in float32, where the plan assumes bf16 (and prefills faster where it has no bf16 dot
+    products), at more memory (caches, activations and the small high-precision tensors at 4 bytes; see
+    `plan_checkpoint`)."""
     p = plan_checkpoint(path, profile, context=context, caches=caches, float32=True)
     return next((c for c in p.candidates if c.fits and (c.budget, c.precision) == (budget, precision)), None)
 
@@ -187,8 +188,8 @@ def next_steps(path: str | Path, p: Plan) -> list[str]:
     precision = c.precision if c.source == "stored" else f"{c.precision} (quantized while loading)"
     if p.profile.kind == "cpu":  # what elastic-chat and load("auto") compute in there (in_float32)
         wide = in_float32(path, p.profile, c.budget, c.precision, p.workload.context, p.workload.caches)
-        precision += (f", float32 compute (exact, faster prompts): {wide.total_bytes / GIB:.2f} GiB" if wide else
-                      ", bf16 compute (float32, with faster prompts, does not fit)")
+        precision += (f", float32 compute (exact): {wide.total_bytes / GIB:.2f} GiB" if wide else
+                      ", bf16 compute (float32, exact, does not fit)")
     if weight_tensors(path) is not None:
         return [f"elastic-chat {path} --budget {c.budget} --precision {c.precision}{device}"
                 f"    # chat with {c.budget} in {precision}"]

@@ -56,6 +56,8 @@ _SIGNATURES = {
     "gemm_p_f32": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
     "gemv_p_bf16": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
     "gemm_p_bf16": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
+    "gemm_p_bf16x": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
+    "bf16_dot": [],
     "gemv_bf16": [_P, _P, _P, _I, _I, _I, _I, _C],
     "gemv_fp8": [_P, _P, _P, _I, _I, _I, _I, _F, _C],
     "gemv_nvfp4": [_P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _C],
@@ -277,9 +279,19 @@ def _(x: Tensor, w: Tensor) -> Tensor:
     return x.new_empty(*x.shape[:-1], w.shape[0])
 
 
+BF16_DOT_ENV = "ELASTIC_LOCAL_BF16_DOT"  # "0": bf16 prompts widen to float32 FMAs even where bf16 dots exist
+
+
+def bf16_dot() -> bool:
+    """Whether a bfloat16 prompt's products on bf16 panels run on the CPU's bf16 dot products (AVX512-BF16,
+    gemv.c's gemm_p_bf16x): where it has them, unless ELASTIC_LOCAL_BF16_DOT=0."""
+    return os.environ.get(BF16_DOT_ENV) != "0" and bool(_library.bf16_dot())
+
+
 def panels(x: Tensor, p: Tensor, skip: int, n: int) -> Tensor:
     """x @ W.T for a float32 or bf16 weight in column panels (linear.Panels; bf16 widened exactly as it is
-    read, the same sums as its float32 panels): p [panels, in, 24], panel rows
+    read, the same sums as its float32 panels, but a bf16 prompt on bf16 dot products where the CPU has
+    them: `bf16_dot`), in x's dtype: p [panels, in, 24], panel rows
     contiguous, the view's `n` outputs starting `skip` columns into the first panel. Up to MAX_ROWS rows
     of x four panels at a time; more (a prompt) on the blocked product's tiles, which on this project's
     CPU ran 1.24-1.29x MKL's sgemm at 128 rows, 1.0-1.2x from 512 (docs/decode-speed.md, "Prefill products on packed
@@ -289,6 +301,12 @@ def panels(x: Tensor, p: Tensor, skip: int, n: int) -> Tensor:
 
 def _panels(x: Tensor, p: Tensor, skip: int, n: int) -> Tensor:
     few = x.numel() <= MAX_ROWS * x.shape[-1]
+    if not few and x.dtype == p.dtype == torch.bfloat16 and x.shape[-1] % 2 == 0 and bf16_dot():
+        xs, y = x.contiguous(), torch.empty(x.shape[:-1] + (n,))
+        if _library.gemm_p_bf16x(xs.data_ptr(), p.data_ptr(), y.data_ptr(), xs.numel() // x.shape[-1], n,
+                                 x.shape[-1], p.stride(0), skip, torch.get_num_threads()):
+            raise MemoryError(f"out of memory for a {x.shape[-1]}-input weight's re-paired panels")
+        return y.to(torch.bfloat16)
     if p.dtype == torch.float32:
         kernel = _library.gemv_p_f32 if few else _library.gemm_p_f32
     else:

@@ -201,7 +201,7 @@ class Panels:
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and self.p.ndim == 3 \
                 and gemv.library() is not None:  # a bf16 prompt's products sum in float32, as oneDNN's do
-            return gemv.panels(x.float(), self.p, self.skip, self.n).to(x.dtype)
+            return gemv.panels(x, self.p, self.skip, self.n)
         return x @ self.dense().to(x.dtype)
 
 
