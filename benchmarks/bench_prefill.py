@@ -10,7 +10,7 @@ transpose t [in, out] against `Panels.linear`, alternated rep by rep: GFLOP/s me
 With --bf16, the same products in bfloat16 (bf16 x on the weight's bf16 panels, as a bfloat16 load of a BF16
 file runs them): torch's bf16 matmul, the panels widened to float32 FMAs (ELASTIC_LOCAL_BF16_DOT=0) and the
 panels on the CPU's bf16 dot products (AVX512-BF16, gemv.c's gemm_p_bf16x); then whole prompts of 128 and
-512 tokens of the config loaded in bfloat16, the dots off and on.
+512 tokens of the config loaded in bfloat16, in BF16, FP8 and NVFP4 (gemm_packed_bf16x), the dots off and on.
 Whole prompts against an earlier revision: bench_revs.py (each revision's own layout and code).
 """
 
@@ -126,20 +126,23 @@ def bf16_products(m, name: str, reps: int) -> None:
 
 
 def bf16_prompts(path, name: str, reps: int) -> None:
-    """Whole prompts of a bfloat16 load (the CPU's load where float32 does not fit), bf16 dots on and off,
-    alternated: tok/s of a forward over the prompt into a fresh cache."""
+    """Whole prompts of a bfloat16 load (the CPU's load where float32 does not fit), its weights in BF16 and
+    quantized to FP8 / NVFP4 while loading, bf16 dots on and off, alternated: tok/s of a forward over the
+    prompt into a fresh cache."""
     import elastic_local
 
-    m = elastic_local.load(str(path), dtype=torch.bfloat16)
     print(f"\n[{name}] bfloat16 load, whole prompts, tok/s (median of {reps}): bf16 dots off / on")
-    for n in (128, 512):
-        ids = torch.randint(10, m.net.cfg.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
+    for precision in ("bf16", "fp8", "nvfp4"):
+        m = elastic_local.load(str(path), dtype=torch.bfloat16, precision=precision)
+        for n in (128, 512):
+            ids = torch.randint(10, m.net.cfg.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
 
-        def prompt(dot: bool, ids=ids):
-            with bf16_dot(dot):
-                m.forward(ids, cache=m.new_cache(batch_size=1), last_only=True)
-        s = alternate({"off": lambda: prompt(False), "on": lambda: prompt(True)}, reps, 1)
-        print(f"{n:>5} tokens: {n / s['off']:8.1f} / {n / s['on']:8.1f}  ({s['off'] / s['on']:.2f}x)")
+            def prompt(dot: bool, ids=ids, m=m):
+                with bf16_dot(dot):
+                    m.forward(ids, cache=m.new_cache(batch_size=1), last_only=True)
+            s = alternate({"off": lambda: prompt(False), "on": lambda: prompt(True)}, reps, 1)
+            print(f"{precision:>6} {n:>4} tokens: {n / s['off']:8.1f} / {n / s['on']:8.1f}  "
+                  f"({s['off'] / s['on']:.2f}x)")
 
 
 def main() -> None:

@@ -296,6 +296,51 @@ def test_bf16_prompts_take_the_dot_products_only_where_they_can(monkeypatch):
     assert (y == 0).all()
 
 
+@pytest.mark.parametrize("rows", [4, 9, 130, 300])
+@pytest.mark.parametrize("shape", SHAPES + [(3608, 768)])
+def test_a_bf16_prompt_on_packed_weights_sums_their_exact_products_on_the_bf16_dots(shape, rows, threads):
+    """gemm_packed_bf16x: FP8 and NVFP4 rows decoded unscaled (exact in bf16), on the bf16 dots, the scale on
+    the sums: within a float32 sum's error bound of the exact products, plus the scale's rounding; and what
+    the formats' linear returns for a bf16 prompt (NVFP4's inputs permuted as its decode orders them)."""
+    bf16_dot_or_skip()
+    w = weight(shape, seed=3)
+    x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows)).bfloat16()
+    for q in (quantize_fp8(w), quantize_nvfp4(w)):
+        wd = q.dequantize(torch.float32)
+        fp8 = q.weight.dtype == torch.float8_e4m3fn
+        codes = q.weight.view(torch.uint8)
+        scales = None if fp8 else q.weight_scale.view(torch.uint8)
+        y = torch.empty(rows, shape[0])
+        assert gemv.library().gemm_packed_bf16x(
+            2 if fp8 else 3, x.data_ptr(), codes.data_ptr(), 0 if fp8 else scales.data_ptr(), y.data_ptr(), rows,
+            shape[0], shape[1], codes.stride(0), 0 if fp8 else scales.stride(0),
+            (q.weight_scale if fp8 else q.weight_scale_2).item(), threads) == 0
+        exact = x.double() @ wd.double().T
+        bound = float32_sum_bound(x, wd) + 2.0**-23 * exact.abs()
+        assert ((y.double() - exact).abs() <= bound).all(), q
+        torch.testing.assert_close(q.linear(x), y.bfloat16(), rtol=0, atol=0)
+
+
+def test_bf16_prompts_on_packed_weights_take_the_dots_only_where_they_can(monkeypatch):
+    """From MAX_ROWS rows of bf16 x on FP8 / NVFP4 weights the dots; fewer rows, float32 x or
+    ELASTIC_LOCAL_BF16_DOT=0 the float32 kernels."""
+    bf16_dot_or_skip()
+    spy = Spy(gemv.library())
+    monkeypatch.setattr(gemv, "_library", spy)
+    w = weight((48, 64))
+    x = torch.randn(gemv.MAX_ROWS, 64).bfloat16()
+    for q, kernel in ((quantize_fp8(w), "gemv_fp8"), (quantize_nvfp4(w), "gemv_nvfp4")):
+        for xs, want in ((x, "gemm_packed_bf16x"), (x[:-1], kernel), (x.float(), kernel)):
+            spy.called.clear()
+            q.linear(xs)
+            assert [c for c in spy.called if c.startswith("gem")] == [want]
+        monkeypatch.setenv(gemv.BF16_DOT_ENV, "0")
+        spy.called.clear()
+        q.linear(x)
+        assert [c for c in spy.called if c.startswith("gem")] == [kernel]
+        monkeypatch.delenv(gemv.BF16_DOT_ENV)
+
+
 class Spy:
     """The kernels' library, noting which entry points are called."""
 

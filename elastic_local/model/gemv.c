@@ -29,6 +29,8 @@
  * The other formats keep W's rows: with one row of x the decode feeds the products directly; with two or
  * three, each weight row is decoded once into a scratch row that every row of x then reads; from four,
  * 24 weight rows at a time are decoded into a panel of the same shape that the tiles run over.
+ * A bfloat16 prompt (x in bf16) runs on the CPU's bf16 dot products where it has them (AVX512-BF16, chosen
+ * at run time: section "A bfloat16 prompt on bf16 dot products"), with bf16 or packed weights alike.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -478,15 +480,16 @@ int gemm_p_bf16(const float *x, const uint16_t *p, float *y, int64_t M, int64_t 
 }
 
 /* ------------------------------------------------------------------------------------------------------
- * A bfloat16 prompt on bf16 panels, on AVX512-BF16's dot products where the CPU has them (Zen 4, Intel
- * from Cooper Lake). A bfloat16 model's prompt rows are bf16 already, as are a BF16 file's weights:
- * vdpbf16ps multiplies two pairs of them exactly and adds both products to a float32 sum, twice the
- * multiply-adds of an FMA per instruction (on this project's Zen 4, two threads: 438 against 235 GFLOP/s,
- * scratch). The sums are float32 sums of the same exact products the widening path (gemm_p_bf16) adds,
- * but two inputs at a time (k + 1, then k), and bf16 inputs below 2^-126 count as zero (the instruction's
- * DAZ; its sums flush to zero likewise): no rounding a bfloat16 model does not already make, but not the
- * widening path's bits. The panel's rows are re-paired for it (each 32-bit lane: one column's weights at
- * k and k + 1) KC rows at a time, once for every row of x. */
+ * A bfloat16 prompt on bf16 dot products: bf16 panels here, packed weights after `panels` (packed_bf16x),
+ * on AVX512-BF16 where the CPU has it (Zen 4, Intel from Cooper Lake). A bfloat16 model's prompt rows
+ * are bf16 already, as are a BF16 file's weights: vdpbf16ps multiplies two pairs of them exactly and adds
+ * both products to a float32 sum, twice the multiply-adds of an FMA per instruction (on this project's
+ * Zen 4, two threads: 438 against 235 GFLOP/s, scratch). The sums are float32 sums of the same exact
+ * products the widening path (gemm_p_bf16) adds, but two inputs at a time (k + 1, then k), and bf16
+ * inputs below 2^-126 count as zero (the instruction's DAZ; its sums flush to zero likewise): no rounding
+ * a bfloat16 model does not already make, but not the widening path's bits. The panel's rows are
+ * re-paired for it (each 32-bit lane: one column's weights at k and k + 1) KC rows at a time, once for
+ * every row of x. */
 #if (defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10)
 #define BF16_DOT __attribute__((target("avx512f,avx512vl,avx512bf16")))
 #define MR 8 /* rows a tile runs: 24 accumulators, 3 panel vectors and a broadcast within 32 registers */
@@ -510,7 +513,7 @@ static inline void pair_rows(const uint16_t *r0, const uint16_t *r1, uint32_t *o
    rows pp [pairs, 24] */
 BF16_DOT static inline __attribute__((always_inline)) void tile_bf16(int R, const uint16_t *x, int64_t ldx,
                                                                       const uint32_t *pp, int64_t pairs, float *c,
-                                                                      int64_t ldc, int add) {
+                                                                      int64_t ldc, int add, float scale) {
     __m256 acc[MR][3];
     for (int r = 0; r < R; r++)
         for (int v = 0; v < 3; v++) acc[r][v] = add ? _mm256_loadu_ps(c + r * ldc + 8 * v) : _mm256_setzero_ps();
@@ -527,23 +530,27 @@ BF16_DOT static inline __attribute__((always_inline)) void tile_bf16(int R, cons
             acc[r][2] = _mm256_dpbf16_ps(acc[r][2], a, b2);
         }
     }
+    const __m256 s = _mm256_set1_ps(scale);
     for (int r = 0; r < R; r++)
-        for (int v = 0; v < 3; v++) _mm256_storeu_ps(c + r * ldc + 8 * v, acc[r][v]);
+        for (int v = 0; v < 3; v++)
+            _mm256_storeu_ps(c + r * ldc + 8 * v, scale == 1.f ? acc[r][v] : _mm256_mul_ps(acc[r][v], s));
 }
 
+/* Every row of x over one re-paired panel, MR at a time, the last ones on a tile of their own count; the
+   sums times `scale` (1: accumulating into c with `add`). */
 BF16_DOT static void rows_bf16(int64_t m, const uint16_t *x, int64_t ldx, const uint32_t *pp, int64_t pairs,
-                               float *c, int64_t ldc, int add) {
+                               float *c, int64_t ldc, int add, float scale) {
     int64_t i = 0;
-    for (; i + MR <= m; i += MR) tile_bf16(MR, x + i * ldx, ldx, pp, pairs, c + i * ldc, ldc, add);
+    for (; i + MR <= m; i += MR) tile_bf16(MR, x + i * ldx, ldx, pp, pairs, c + i * ldc, ldc, add, scale);
     x += i * ldx, c += i * ldc;
     switch (m - i) {
-    case 1: tile_bf16(1, x, ldx, pp, pairs, c, ldc, add); break;
-    case 2: tile_bf16(2, x, ldx, pp, pairs, c, ldc, add); break;
-    case 3: tile_bf16(3, x, ldx, pp, pairs, c, ldc, add); break;
-    case 4: tile_bf16(4, x, ldx, pp, pairs, c, ldc, add); break;
-    case 5: tile_bf16(5, x, ldx, pp, pairs, c, ldc, add); break;
-    case 6: tile_bf16(6, x, ldx, pp, pairs, c, ldc, add); break;
-    case 7: tile_bf16(7, x, ldx, pp, pairs, c, ldc, add); break;
+    case 1: tile_bf16(1, x, ldx, pp, pairs, c, ldc, add, scale); break;
+    case 2: tile_bf16(2, x, ldx, pp, pairs, c, ldc, add, scale); break;
+    case 3: tile_bf16(3, x, ldx, pp, pairs, c, ldc, add, scale); break;
+    case 4: tile_bf16(4, x, ldx, pp, pairs, c, ldc, add, scale); break;
+    case 5: tile_bf16(5, x, ldx, pp, pairs, c, ldc, add, scale); break;
+    case 6: tile_bf16(6, x, ldx, pp, pairs, c, ldc, add, scale); break;
+    case 7: tile_bf16(7, x, ldx, pp, pairs, c, ldc, add, scale); break;
     }
 }
 
@@ -573,16 +580,18 @@ BF16_DOT static void gemm_bf16_part(const uint16_t *x, const uint16_t *p, int64_
                     const uint16_t *xs = x + m0 * K + k0;
                     float *ys = y + m0 * N + lo;
                     if (first == 0 && cols == PW) {
-                        rows_bf16(m, xs, K, pq, pairs, ys, N, k0 > 0);
+                        rows_bf16(m, xs, K, pq, pairs, ys, N, k0 > 0, 1.f);
                         continue;
                     }
                     for (int64_t i = 0; i < m; i += MR) {
                         const int64_t r = m - i < MR ? m - i : MR;
                         for (int64_t t = 0; t < r; t++)
                             for (int64_t u = 0; u < PW; u++)
-                                c[t * PW + u] = k0 > 0 && u >= first && u < first + cols ? ys[(i + t) * N + u - first] : 0.f;
-                        rows_bf16(r, xs + i * K, K, pq, pairs, c, PW, k0 > 0);
-                        for (int64_t t = 0; t < r; t++) memcpy(ys + (i + t) * N, c + t * PW + first, sizeof(float) * cols);
+                                c[t * PW + u] =
+                                    k0 > 0 && u >= first && u < first + cols ? ys[(i + t) * N + u - first] : 0.f;
+                        rows_bf16(r, xs + i * K, K, pq, pairs, c, PW, k0 > 0, 1.f);
+                        for (int64_t t = 0; t < r; t++)
+                            memcpy(ys + (i + t) * N, c + t * PW + first, sizeof(float) * cols);
                     }
                 }
             }
@@ -667,6 +676,20 @@ static void rows_to_columns(const float *r, int64_t K, float scale, float *P) {
    every row of x, each load of the panel four of them). The transpose replaced a scalar store per value:
    0.98-1.15x, 1.05x geometric mean, on 128-token FP8 / NVFP4 prompts (six A/B runs, docs/decode-speed.md).
    Returns 0 where the panel could not be allocated, and the caller takes the dot products. */
+static void decode_panel(int format, const void *w, const uint8_t *scales, int64_t K, int64_t ldw, int64_t lds,
+                         float scale, int64_t n, int64_t cols, float *rows, float *P) {
+    for (int64_t g = 0; g < PW; g += 8) { /* eight weight rows decoded, then transposed into the panel */
+        for (int64_t j = g; j < g + 8; j++) {
+            if (j < cols)
+                decode_row(format, (const uint8_t *)w + (n + j) * ldw, scales ? scales + (n + j) * lds : NULL, K,
+                           rows + (j - g) * K);
+            else
+                memset(rows + (j - g) * K, 0, sizeof(float) * K);
+        }
+        rows_to_columns(rows, K, scale, P + g);
+    }
+}
+
 static int panels(int format, const float *x, const void *w, const uint8_t *scales, float *y, int64_t M,
                   int64_t N, int64_t K, int64_t ldw, int64_t lds, float scale, int64_t n0, int64_t n1) {
     float *P = aligned_alloc(32, sizeof(float) * ((PW * K + 8 * K + 4 * PW + 7) / 8 * 8));
@@ -674,16 +697,7 @@ static int panels(int format, const float *x, const void *w, const uint8_t *scal
     float *rows = P + PW * K, *c = rows + 8 * K;
     for (int64_t n = n0; n < n1; n += PW) {
         const int64_t cols = n1 - n < PW ? n1 - n : PW;
-        for (int64_t g = 0; g < PW; g += 8) { /* eight weight rows decoded, then transposed into the panel */
-            for (int64_t j = g; j < g + 8; j++) {
-                if (j < cols)
-                    decode_row(format, (const uint8_t *)w + (n + j) * ldw, scales ? scales + (n + j) * lds : NULL, K,
-                               rows + (j - g) * K);
-                else
-                    memset(rows + (j - g) * K, 0, sizeof(float) * K);
-            }
-            rows_to_columns(rows, K, scale, P + g);
-        }
+        decode_panel(format, w, scales, K, ldw, lds, scale, n, cols, rows, P);
         for (int64_t m0 = 0; m0 < M; m0 += MC)
             for (int64_t k0 = 0; k0 < K; k0 += KC)
                 panel_product(x + m0 * K + k0, K, M - m0 < MC ? M - m0 : MC, P + PW * k0, K - k0 < KC ? K - k0 : KC,
@@ -692,6 +706,50 @@ static int panels(int format, const float *x, const void *w, const uint8_t *scal
     free(P);
     return 1;
 }
+
+#ifdef BF16_DOT
+/* y[:, n0:n1] = x W[n0:n1]^T * scale for bf16 x (NVFP4's permuted) and packed FP8 / NVFP4 rows: each panel
+   decoded as `panels` decodes it, unscaled (its values have at most 6 significant bits: exact in bf16),
+   re-paired and run on the bf16 dots, the scale multiplying the sums. 0 where the panel could not be
+   allocated. */
+BF16_DOT static int packed_bf16x(int format, const uint16_t *x, const void *w, const uint8_t *scales, float *y,
+                                 int64_t M, int64_t N, int64_t K, int64_t ldw, int64_t lds, float scale, int64_t n0,
+                                 int64_t n1) {
+    float *P = aligned_alloc(32, sizeof(float) * ((PW * K + 8 * K + 7) / 8 * 8));
+    uint32_t *pp = malloc(sizeof(uint32_t) * (K / 2) * PW);
+    if (!P || !pp) {
+        free(P), free(pp);
+        return 0;
+    }
+    float *rows = P + PW * K, c[MR * PW];
+    const __m256i high = _mm256_set1_epi32((int)0xFFFF0000);
+    for (int64_t n = n0; n < n1; n += PW) {
+        const int64_t cols = n1 - n < PW ? n1 - n : PW;
+        decode_panel(format, w, scales, K, ldw, lds, 1.f, n, cols, rows, P);
+        for (int64_t j = 0; j < K / 2; j++) /* rows 2j, 2j + 1 of P -> lanes (w[2j][c], w[2j + 1][c]) */
+            for (int v = 0; v < 3; v++) {
+                const __m256i a0 = _mm256_load_si256((const __m256i *)(P + 2 * j * PW + 8 * v)),
+                              a1 = _mm256_load_si256((const __m256i *)(P + (2 * j + 1) * PW + 8 * v));
+                _mm256_storeu_si256((__m256i *)(pp + j * PW + 8 * v),
+                                    _mm256_or_si256(_mm256_srli_epi32(a0, 16), _mm256_and_si256(a1, high)));
+            }
+        for (int64_t m0 = 0; m0 < M; m0 += MC) {
+            const int64_t m = M - m0 < MC ? M - m0 : MC;
+            if (cols == PW) {
+                rows_bf16(m, x + m0 * K, K, pp, K / 2, y + m0 * N + n, N, 0, scale);
+                continue;
+            }
+            for (int64_t i = 0; i < m; i += MR) {
+                const int64_t r = m - i < MR ? m - i : MR;
+                rows_bf16(r, x + (m0 + i) * K, K, pp, K / 2, c, PW, 0, scale);
+                for (int64_t t = 0; t < r; t++) memcpy(y + (m0 + i + t) * N + n, c + t * PW, sizeof(float) * cols);
+            }
+        }
+    }
+    free(P), free(pp);
+    return 1;
+}
+#endif
 
 /* ------------------------------------------------------------------------------------------------------
  * The kernels over one thread's share of the outputs, [n0, n1); `share` says which. Called by the gemv_*
@@ -900,6 +958,59 @@ int gemv_nvfp4(const float *x, const uint8_t *w, const uint8_t *scales, float *y
     }
     free(xp);
     return 0;
+}
+
+/* y [M, N] (float32) = x [M, K] (bf16) times packed FP8 (`format` PANEL_FP8) or NVFP4 (PANEL_NVFP4) rows on
+   the bf16 dots, K even (packed_bf16x): 0; -1 where memory ran out; -2 where this CPU or build has no bf16
+   dots, or K is odd (then gemv_fp8 / gemv_nvfp4 on x in float32). NVFP4's x is permuted first, exactly (a
+   row widened, permuted, and narrowed back). */
+int gemm_packed_bf16x(int format, const uint16_t *x, const uint8_t *w, const uint8_t *scales, float *y, int64_t M,
+                      int64_t N, int64_t K, int64_t ldw, int64_t lds, float scale, int threads) {
+#ifdef BF16_DOT
+    if (!bf16_dot() || K % 2) return -2;
+    uint16_t *xp = format == PANEL_NVFP4 ? malloc(sizeof(uint16_t) * M * K) : NULL;
+    if (format == PANEL_NVFP4 && !xp) return -1;
+    scale *= format == PANEL_NVFP4 ? 16384.f * 256.f : 256.f; /* decode_nvfp4's 2^-22, decode_fp8's 2^-8 */
+    int failed = 0;
+    #pragma omp parallel num_threads(threads) if (N * K >= 65536)
+    {
+        if (xp) {
+            float *wide = malloc(sizeof(float) * 2 * K);
+            #pragma omp for schedule(static)
+            for (int64_t m = 0; m < M; m++) {
+                if (!wide) continue;
+                for (int64_t k = 0; k < K; k++) {
+                    const uint32_t bits = (uint32_t)x[m * K + k] << 16;
+                    memcpy(wide + k, &bits, sizeof bits);
+                }
+                permute_nvfp4(wide, wide + K, 1, K);
+                for (int64_t k = 0; k < K; k++) {
+                    uint32_t bits;
+                    memcpy(&bits, wide + K + k, sizeof bits);
+                    xp[m * K + k] = (uint16_t)(bits >> 16);
+                }
+            }
+            if (!wide) {
+                #pragma omp atomic write
+                failed = 1;
+            }
+            free(wide);
+            #pragma omp barrier
+        }
+        int64_t n0, n1;
+        share(N, &n0, &n1);
+        if (!failed && n0 < n1 && !packed_bf16x(format, xp ? xp : x, w, scales, y, M, N, K, ldw, lds, scale, n0, n1)) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+    }
+    free(xp);
+    return failed ? -1 : 0;
+#else
+    (void)format, (void)x, (void)w, (void)scales, (void)y, (void)M, (void)N, (void)K, (void)ldw, (void)lds;
+    (void)scale, (void)threads;
+    return -2;
+#endif
 }
 
 /* Gives the calling thread's OpenMP workers back (model/gemv.py, release_threads): OpenMP 5.0's call, in

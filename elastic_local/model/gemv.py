@@ -57,6 +57,7 @@ _SIGNATURES = {
     "gemv_p_bf16": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
     "gemm_p_bf16": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
     "gemm_p_bf16x": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
+    "gemm_packed_bf16x": [_C, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _C],
     "bf16_dot": [],
     "gemv_bf16": [_P, _P, _P, _I, _I, _I, _I, _C],
     "gemv_fp8": [_P, _P, _P, _I, _I, _I, _I, _F, _C],
@@ -324,12 +325,34 @@ def _(x: Tensor, p: Tensor, skip: int, n: int) -> Tensor:
     return x.new_empty(*x.shape[:-1], n)
 
 
+_FP8, _NVFP4 = 2, 3  # gemv.c's PANEL_FP8, PANEL_NVFP4
+
+
 def fp8(x: Tensor, codes: Tensor, scale: float) -> Tensor:
     """x @ (codes * scale).T for e4m3 codes [out, in] (rows contiguous)."""
+    if (y := _packed_bf16(_FP8, x, codes, None, scale)) is not None:
+        return y
     return _call(_library.gemv_fp8, x, codes.shape[0], (codes.data_ptr(),), (codes.stride(0), scale))
 
 
 def nvfp4(x: Tensor, codes: Tensor, block_scales: Tensor, scale: float) -> Tensor:
     """x @ W.T for NVFP4 codes [out, in/2] (two per byte) and e4m3 block scales [out, in/16]."""
+    if (y := _packed_bf16(_NVFP4, x, codes, block_scales, scale)) is not None:
+        return y
     return _call(_library.gemv_nvfp4, x, codes.shape[0], (codes.data_ptr(), block_scales.data_ptr()),
                  (codes.stride(0), block_scales.stride(0), scale))
+
+
+def _packed_bf16(fmt: int, x: Tensor, codes: Tensor, block_scales: Tensor | None, scale: float) -> Tensor | None:
+    """A bf16 prompt (MAX_ROWS rows or more) on packed weights, on the bf16 dots where the CPU has them (their
+    values are exact in bf16; gemv.c's gemm_packed_bf16x); None where the float32 kernels take it."""
+    k = x.shape[-1]
+    if x.dtype != torch.bfloat16 or x.numel() < MAX_ROWS * k or k % 2 or not bf16_dot():
+        return None
+    xs, y = x.contiguous(), torch.empty(x.shape[:-1] + (codes.shape[0],))
+    if _library.gemm_packed_bf16x(fmt, xs.data_ptr(), codes.data_ptr(), 0 if block_scales is None else
+                                  block_scales.data_ptr(), y.data_ptr(), xs.numel() // k, codes.shape[0], k,
+                                  codes.stride(0), 0 if block_scales is None else block_scales.stride(0), scale,
+                                  torch.get_num_threads()):
+        raise MemoryError(f"out of memory for a {xs.numel() // k}x{k} prompt's packed panels")
+    return y.to(torch.bfloat16)
