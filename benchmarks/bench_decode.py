@@ -17,6 +17,9 @@ float32, and runs the same prompt (random token ids, fixed seed) greedily for ex
     ours-fp8, ours-nvfp4  `ours` on the same weights quantized while loading (load(precision=...)),
                   decode steps in C, float32 compute, lm_head kept float32;
                   against llama.cpp-q8_0 / -q4_0
+    ours-fp8-bf16, ours-nvfp4-bf16  the same loaded in bfloat16 (activations, caches and lm_head bf16:
+                  the CPU's load where float32 does not fit; prompts on the CPU's bf16 dot products where
+                  it has them), against llama.cpp-q8_0 / -q4_0, which round activations to 8-bit integers
     transformers-loop  the same bare loop on transformers: model(ids, cache=cache, use_cache=True,
                   logits_to_keep=1) + argmax (like for like with ours: neither has generate()'s overhead)
     transformers  NemotronHForCausalLM.generate(greedy, use_cache, min_new_tokens = max_new_tokens): the
@@ -186,7 +189,7 @@ class OursEngine:
     name = "ours"
 
     def __init__(self, ckpt: Path, compile: bool = False, precision: str | None = None,
-                 layout: str | None = None, kernels: bool = True) -> None:
+                 layout: str | None = None, kernels: bool = True, dtype: torch.dtype = torch.float32) -> None:
         import elastic_local
         from elastic_local.engine.load import LAYOUT_ENV
         from elastic_local.model import gemv
@@ -195,7 +198,7 @@ class OursEngine:
         if layout is not None:
             os.environ[LAYOUT_ENV] = layout
         try:
-            self.model = elastic_local.load(str(ckpt), device="cpu", dtype=torch.float32, compile=compile,
+            self.model = elastic_local.load(str(ckpt), device="cpu", dtype=dtype, compile=compile,
                                             precision=precision)
         finally:
             os.environ.pop(LAYOUT_ENV, None)
@@ -331,6 +334,8 @@ ENGINES: dict[str, Callable[..., object]] = {
     "ours-generate": lambda ckpt, n_ctx, threads: OursGenerateEngine(ckpt),
     "ours-fp8": lambda ckpt, n_ctx, threads: OursEngine(ckpt, precision="fp8"),
     "ours-nvfp4": lambda ckpt, n_ctx, threads: OursEngine(ckpt, precision="nvfp4"),
+    "ours-fp8-bf16": lambda ckpt, n_ctx, threads: OursEngine(ckpt, precision="fp8", dtype=torch.bfloat16),
+    "ours-nvfp4-bf16": lambda ckpt, n_ctx, threads: OursEngine(ckpt, precision="nvfp4", dtype=torch.bfloat16),
     "transformers-loop": lambda ckpt, n_ctx, threads: TransformersLoopEngine(ckpt),
     "transformers": lambda ckpt, n_ctx, threads: TransformersEngine(ckpt),
     "llama.cpp": LlamaCppEngine,
@@ -465,10 +470,12 @@ COMPARISONS = [  # (engine, engine, what the ratio compares)
     ("ours-rows", "ours", "C decode step on [out, in] vs on [in, out]"),
     ("ours-fp8", "llama.cpp-q8_0", "8-bit weights, lm_head float32 in both"),
     ("ours-nvfp4", "llama.cpp-q4_0", "4-bit weights, lm_head float32 in both"),
+    ("ours-fp8-bf16", "llama.cpp-q8_0", "8-bit weights; ours bf16 activations, Q8_0 8-bit ones"),
+    ("ours-nvfp4-bf16", "llama.cpp-q4_0", "4-bit weights; ours bf16 activations, Q4_0 8-bit ones"),
     ("ours-fp8", "ours", "FP8 vs float32 weights"),
     ("ours-nvfp4", "ours", "NVFP4 vs float32 weights"),
 ]
-QUANTIZED = ("ours-fp8", "ours-nvfp4", "llama.cpp-q8_0", "llama.cpp-q4_0")
+QUANTIZED = ("ours-fp8", "ours-nvfp4", "ours-fp8-bf16", "ours-nvfp4-bf16", "llama.cpp-q8_0", "llama.cpp-q4_0")
 
 
 def print_table(results: list[Result], counts: dict[str, ParamCount], args: argparse.Namespace) -> None:
