@@ -137,12 +137,13 @@ def test_the_convolution_continues_and_updates_the_window_like_torch(C, K, T, bi
     assert c_calls == ["_cpu_conv", "_cpu_conv"]
 
 
-def expert_weights(E, I, d, seed=0):
+def expert_weights(E, I, d, seed=0, dtype=torch.float32):
     from elastic_local.model.linear import Panels
 
     g = torch.Generator().manual_seed(seed)
     up, down = torch.randn(E, I, d, generator=g) / d ** 0.5, torch.randn(E, d, I, generator=g) / I ** 0.5
-    return moe.MoEWeights(torch.randn(E, d), torch.zeros(E), Panels.of(up), Panels.of(down), None, None)
+    return moe.MoEWeights(torch.randn(E, d), torch.zeros(E), Panels.of(up.to(dtype)), Panels.of(down.to(dtype)),
+                          None, None)
 
 
 @pytest.mark.parametrize("experts,channels,d", [(8, 48, 32), (6, 40, 32), (8, 9, 20), (7, 30, 300)])
@@ -161,6 +162,26 @@ def test_the_routed_experts_sum_what_the_grouped_torch_path_sums(experts, channe
                                atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("experts,channels,d", [(8, 48, 32), (6, 40, 32), (8, 10, 20), (7, 30, 300)])
+@pytest.mark.parametrize("n", [1, 3, 29, 200])
+def test_a_bfloat16_prompt_s_routed_experts_run_in_c_at_the_torch_path_s_rounding_points(experts, channels, d, n,
+                                                                                         threads):
+    """experts_prefill_bf16: bf16 tokens on bf16 panels (budget views, rows past one 128-row block of an
+    expert), each product rounded to bf16 and relu(h)^2 too, as the grouped torch path in bf16 does: the
+    same sums but for the order the float32 total adds the experts in."""
+    if not gemv.bf16_dot():
+        pytest.skip("this CPU has no AVX512-BF16 dot products: a bf16 prompt's experts run in torch")
+    w = expert_weights(8, 48, 320, dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(n)
+    flat = torch.randn(n, d, generator=g).bfloat16()
+    ids = torch.stack([torch.randperm(experts - 2, generator=g)[:3] for _ in range(n)])
+    weights = torch.rand(n, 3, generator=g)
+    got = moe._experts_cpu(flat, w, experts, channels, ids, weights)
+    assert got is not None and got.dtype == torch.float32
+    want = moe._experts_grouped(flat, w, experts, channels, ids, weights, None)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-3 * float(want.abs().max()))  # measured 1e-7
+
+
 @pytest.fixture(scope="module")
 def nested(tmp_path_factory):
     from elastic_local.elastic.nest import nest
@@ -170,14 +191,18 @@ def nested(tmp_path_factory):
     return nest(tmp / "parent", tmp / "nested", {"half": 0.5})
 
 
-@pytest.mark.parametrize("precision,layout", [(None, "rows"), ("fp8", None), ("nvfp4", None)])
-def test_every_format_s_experts_run_in_c_like_the_torch_path(nested, precision, layout, threads, monkeypatch,
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("precision,layout", [(None, "rows"), (None, None), ("fp8", None), ("nvfp4", None)])
+def test_every_format_s_experts_run_in_c_like_the_torch_path(nested, precision, layout, dtype, threads, monkeypatch,
                                                               c_calls):
-    """Packed FP8 / NVFP4 experts (gemv.c's kernels, NVFP4's inputs permuted) and float32 ones kept
-    [out, in], for every budget (fewer channels: views of the packed rows)."""
+    """Packed FP8 / NVFP4 experts (gemv.c's kernels, NVFP4's inputs permuted), float ones kept [out, in] and
+    in panels, for every budget (fewer channels: views of the packed rows); in a bfloat16 load on the bf16
+    dots (experts_prefill_bf16) where the CPU has them."""
+    if dtype == torch.bfloat16 and not gemv.bf16_dot():
+        pytest.skip("this CPU has no AVX512-BF16 dot products: a bf16 prompt's experts run in torch")
     if layout:
         monkeypatch.setenv("ELASTIC_LOCAL_CPU_LAYOUT", layout)
-    m = elastic_local.load(nested, precision=precision)
+    m = elastic_local.load(nested, precision=precision, dtype=dtype)
     ids = torch.randint(0, 96, (2, 21), generator=torch.Generator().manual_seed(4))
     for name in m.budgets:
         with torch.inference_mode():
@@ -185,7 +210,8 @@ def test_every_format_s_experts_run_in_c_like_the_torch_path(nested, precision, 
             with monkeypatch.context() as p:
                 p.setattr(moe, "_experts_cpu", lambda *a: None)
                 want = m.forward(ids, budget=name)
-        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4, msg=name)
+        tol = 1e-4 if dtype == torch.float32 else 0.02 * float(want.abs().max())
+        torch.testing.assert_close(got, want, atol=tol, rtol=1e-4, msg=name)
     assert c_calls.count("_experts_cpu") == 2 * len(m.budgets)  # two MoE layers per forward
 
 

@@ -708,10 +708,10 @@ static int panels(int format, const float *x, const void *w, const uint8_t *scal
 }
 
 #ifdef BF16_DOT
-/* y[:, n0:n1] = x W[n0:n1]^T * scale for bf16 x (NVFP4's permuted) and packed FP8 / NVFP4 rows: each panel
-   decoded as `panels` decodes it, unscaled (its values have at most 6 significant bits: exact in bf16),
-   re-paired and run on the bf16 dots, the scale multiplying the sums. 0 where the panel could not be
-   allocated. */
+/* y[:, n0:n1] = x W[n0:n1]^T * scale for bf16 x (NVFP4's permuted) and packed FP8 / NVFP4 rows (or bf16
+   ones, `format` PANEL_BF16): each panel decoded as `panels` decodes it, unscaled (a packed value has at
+   most 6 significant bits: exact in bf16), re-paired and run on the bf16 dots, the scale multiplying the
+   sums. 0 where the panel could not be allocated. */
 BF16_DOT static int packed_bf16x(int format, const uint16_t *x, const void *w, const uint8_t *scales, float *y,
                                  int64_t M, int64_t N, int64_t K, int64_t ldw, int64_t lds, float scale, int64_t n0,
                                  int64_t n1) {
@@ -723,6 +723,7 @@ BF16_DOT static int packed_bf16x(int format, const uint16_t *x, const void *w, c
     }
     float *rows = P + PW * K, c[MR * PW];
     const __m256i high = _mm256_set1_epi32((int)0xFFFF0000);
+    scale *= format == PANEL_NVFP4 ? 16384.f * 256.f : format == PANEL_FP8 ? 256.f : 1.f; /* decode_*'s 2^-22, 2^-8 */
     for (int64_t n = n0; n < n1; n += PW) {
         const int64_t cols = n1 - n < PW ? n1 - n : PW;
         decode_panel(format, w, scales, K, ldw, lds, 1.f, n, cols, rows, P);
@@ -970,7 +971,6 @@ int gemm_packed_bf16x(int format, const uint16_t *x, const uint8_t *w, const uin
     if (!bf16_dot() || K % 2) return -2;
     uint16_t *xp = format == PANEL_NVFP4 ? malloc(sizeof(uint16_t) * M * K) : NULL;
     if (format == PANEL_NVFP4 && !xp) return -1;
-    scale *= format == PANEL_NVFP4 ? 16384.f * 256.f : 256.f; /* decode_nvfp4's 2^-22, decode_fp8's 2^-8 */
     int failed = 0;
     #pragma omp parallel num_threads(threads) if (N * K >= 65536)
     {
@@ -1009,6 +1009,28 @@ int gemm_packed_bf16x(int format, const uint16_t *x, const uint8_t *w, const uin
 #else
     (void)format, (void)x, (void)w, (void)scales, (void)y, (void)M, (void)N, (void)K, (void)ldw, (void)lds;
     (void)scale, (void)threads;
+    return -2;
+#endif
+}
+
+/* The calling thread's y [M, N] = x [M, K] (bf16; NVFP4's permuted) W^T on the bf16 dots: W a bf16 panel
+   view (`panel`: w the panels, ld their stride, `skip`) or rows of `format` (PANEL_BF16 / FP8 / NVFP4, ld
+   and lds in bytes, `scale` the per-tensor one). For step.c's experts of a bfloat16 prompt, an expert to a
+   thread. 0; -1 where memory ran out; -2 where there are no bf16 dots, or K is odd. */
+int product_bf16x(int format, int panel, const uint16_t *x, const void *w, const uint8_t *scales, float *y,
+                  int64_t M, int64_t N, int64_t K, int64_t ld, int64_t lds, int64_t skip, float scale) {
+#ifdef BF16_DOT
+    if (!bf16_dot() || K % 2) return -2;
+    if (!panel) return packed_bf16x(format, x, w, scales, y, M, N, K, ld, lds, scale, 0, N) ? 0 : -1;
+    uint32_t *pp = malloc(sizeof(uint32_t) * NB * (KC / 2) * PW);
+    if (!pp) return -1;
+    float c[MR * PW];
+    gemm_bf16_part(x, w, ld, skip, y, M, N, K, 0, N, pp, c);
+    free(pp);
+    return 0;
+#else
+    (void)format, (void)panel, (void)x, (void)w, (void)scales, (void)y, (void)M, (void)N, (void)K, (void)ld;
+    (void)lds, (void)skip, (void)scale;
     return -2;
 #endif
 }

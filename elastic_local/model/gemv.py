@@ -68,6 +68,7 @@ _SIGNATURES = {
     "conv_prefill": [_P, _I, _I, _P, _P, _P, _P, _I, _I, _I, _I, _C],
     "ssm_scan": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _C],
     "experts_prefill": [_P, _I, _I, _P, _P, _I, _I, _P, _P, _I, _P, _C],
+    "experts_prefill_bf16": [_P, _I, _I, _P, _P, _I, _I, _P, _P, _I, _P, _C],
     "to_bf16": [_P, _P, _I],
     "owned": [_P, _I, _I, _P, _P],
     "meet_time": [_I, _C, _P],

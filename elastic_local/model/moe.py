@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import kernels, step
+from . import gemv, kernels, step
 from .linear import ExpertStack, Panels, Transposed, block, linear
 from .soft import SoftLayer, unit_weights
 
@@ -147,23 +147,29 @@ def _gather(w, experts: int, rows: int, cols: int, pick: torch.Tensor) -> torch.
 def _experts_cpu(flat: torch.Tensor, w: MoEWeights, experts: int, channels: int, ids: torch.Tensor,
                  weights: torch.Tensor) -> torch.Tensor | None:
     """The routed experts' sum [N, d] float32 for tokens `flat` [N, d] in C (step.c's experts_prefill), on
-    any weight format the decode step reads; None where it does not run: another device or dtype, weights
-    step.c does not read, or gradients to compute."""
+    any weight format the decode step reads; for bf16 tokens on the CPU's bf16 dots, at the torch path's
+    rounding points (experts_prefill_bf16). None where it does not run: another device or dtype, weights
+    step.c does not read, no bf16 dots for bf16 tokens, or gradients to compute."""
     n, d = flat.shape
-    # plain [out, in] stacks must be float32; panels (float32, or bf16 that step.c widens) and packed weights
-    # are read as they are, and the Transposed layout exists only where the kernels do not run
-    plain = (t for t in (w.up, w.down) if isinstance(t, torch.Tensor))
-    lib = kernels.cpu_library(flat, weights, *plain)
+    if flat.dtype == torch.bfloat16:  # a bfloat16 prompt: its own C path, on the CPU's bf16 dots
+        lib = kernels.cpu_library(weights) if flat.device.type == "cpu" else None
+        lib, entry = (lib if lib is not None and gemv.bf16_dot() else None), "experts_prefill_bf16"
+    else:
+        # plain [out, in] stacks must be float32; panels (float32, or bf16 that step.c widens) and packed
+        # weights are read as they are, and the Transposed layout exists only where the kernels do not run
+        plain = (t for t in (w.up, w.down) if isinstance(t, torch.Tensor))
+        lib, entry = kernels.cpu_library(flat, weights, *plain), "experts_prefill"
     described = lib and _described(w, experts, channels, d)
-    if not described:
+    if not described or (flat.requires_grad and torch.is_grad_enabled()):
         return None
     up, down = described
     flat, ids, weights = flat.contiguous(), ids.contiguous(), weights.float().contiguous()
     out = torch.zeros(n, d)
-    if lib.experts_prefill(flat.data_ptr(), n, d, ids.data_ptr(), weights.data_ptr(), ids.shape[1], experts,
-                           up, down, channels, out.data_ptr(), torch.get_num_threads()):
+    rc = getattr(lib, entry)(flat.data_ptr(), n, d, ids.data_ptr(), weights.data_ptr(), ids.shape[1], experts,
+                             up, down, channels, out.data_ptr(), torch.get_num_threads())
+    if rc == -1:
         raise MemoryError(f"out of memory for the experts' buffers of {n} tokens")
-    return out
+    return None if rc else out  # -2: the bf16 dots do not take these weights
 
 
 def _described(w: MoEWeights, experts: int, channels: int, d: int):

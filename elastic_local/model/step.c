@@ -39,6 +39,10 @@ extern const int64_t gemm_p_scratch; /* floats of gemm_p_part's c */
 #define PW 24 /* outputs per panel of a PANELS_F32 / PANELS_BF16 weight (gemv.c's) */
 void part_nvfp4(const float *, const uint8_t *, const uint8_t *, float *, int64_t, int64_t, int64_t, int64_t,
                 int64_t, float, int64_t, int64_t);
+int bf16_dot(void);
+int product_bf16x(int format, int panel, const uint16_t *x, const void *w, const uint8_t *scales, float *y,
+                  int64_t M, int64_t N, int64_t K, int64_t ld, int64_t lds, int64_t skip, float scale);
+enum { DOT_BF16 = 1, DOT_FP8 = 2, DOT_NVFP4 = 3 }; /* gemv.c's PANEL_BF16, PANEL_FP8, PANEL_NVFP4 */
 
 enum { PANELS_F32, ROWS_F32, ROWS_BF16, FP8, NVFP4, PANELS_BF16 }; /* model/step.py checks the format it writes */
 
@@ -1276,6 +1280,22 @@ static void rows_product(const weight *w, const float *x, int64_t m, float *y, f
     }
 }
 
+/* The S = n k (token, expert) pairs ids [S] sorted by expert: expert e's rows are [start[e], start[e + 1]),
+   pair s lies at row row_of[s], and row q holds token token_of[q]'s input. start: 2 (E + 1) (the second
+   half scratch). */
+static void sort_pairs(const int64_t *ids, int64_t S, int64_t k, int64_t E, int64_t *start, int64_t *row_of,
+                       int64_t *token_of) {
+    int64_t *next = start + E + 1;
+    memset(start, 0, sizeof(int64_t) * (E + 1));
+    for (int64_t s = 0; s < S; s++) start[ids[s] + 1]++;
+    for (int64_t e = 0; e < E; e++) start[e + 1] += start[e];
+    memcpy(next, start, sizeof(int64_t) * (E + 1));
+    for (int64_t s = 0; s < S; s++) {
+        row_of[s] = next[ids[s]]++;
+        token_of[row_of[s]] = s / k;
+    }
+}
+
 /* out [n, d] += sum_i wts[t, i] down_e(relu(up_e x_t)^2), e = ids[t, i], over each token t's k routed
  * experts (moe.py's multi-token path), up[e] [I, d] and down[e] [d, I] the budget's views in any format
  * (one format for all up, one for all down). torch runs this as two small matmuls per expert plus a
@@ -1296,16 +1316,9 @@ int experts_prefill(const float *x, int64_t n, int64_t d, const int64_t *ids, co
         free(scratches);
         return -1;
     }
-    int64_t *next = start + E + 1, *row_of = next + E + 1, *token_of = row_of + S; /* sorted rows <-> pairs */
+    int64_t *row_of = start + 2 * (E + 1), *token_of = row_of + S;
     float *H = X + S * d, *Y = H + S * I, *P = Y + S * d; /* P: X or H permuted for NVFP4 */
-    memset(start, 0, sizeof(int64_t) * (E + 1));
-    for (int64_t s = 0; s < S; s++) start[ids[s] + 1]++;
-    for (int64_t e = 0; e < E; e++) start[e + 1] += start[e];
-    memcpy(next, start, sizeof(int64_t) * (E + 1));
-    for (int64_t s = 0; s < S; s++) {
-        row_of[s] = next[ids[s]]++;
-        token_of[row_of[s]] = s / k;
-    }
+    sort_pairs(ids, S, k, E, start, row_of, token_of);
     const float *up_in = permute_up ? P : X, *down_in = permute_down ? P : H;
     #pragma omp parallel num_threads(threads)
     {
@@ -1347,4 +1360,124 @@ int experts_prefill(const float *x, int64_t n, int64_t d, const int64_t *ids, co
     free(X);
     free(scratches);
     return 0;
+}
+
+/* y [m, N] = x [m, K] (bf16; NVFP4's permuted) W^T on gemv.c's bf16 dots, on this thread: 0, -1 (memory) or
+   -2 (no bf16 dots for this weight, or K odd). */
+static int rows_product_bf16(const weight *w, const uint16_t *x, int64_t m, float *y) {
+    const int64_t N = w->out, K = w->in;
+    switch (w->format) {
+    case PANELS_BF16: return product_bf16x(DOT_BF16, 1, x, w->w, NULL, y, m, N, K, w->ld, 0, w->skip, 1.f);
+    case ROWS_BF16: return product_bf16x(DOT_BF16, 0, x, w->w, NULL, y, m, N, K, 2 * w->ld, 0, 0, 1.f);
+    case FP8: return product_bf16x(DOT_FP8, 0, x, w->w, NULL, y, m, N, K, w->ld, 0, 0, w->scale);
+    case NVFP4: return product_bf16x(DOT_NVFP4, 0, x, w->w, w->scales, y, m, N, K, w->ld, w->ld_scales, 0, w->scale);
+    default: return -2;
+    }
+}
+
+/* Rows [r0, r1) of v [.., K] (bf16) permuted for NVFP4 in place, exactly (widened into `f` [2K], permuted,
+   narrowed back). */
+static void permute_bf16_rows(uint16_t *v, int64_t r0, int64_t r1, int64_t K, float *f) {
+    for (int64_t q = r0; q < r1; q++) {
+        widen(v + q * K, f, K);
+        permute_nvfp4(f, f + K, 1, K);
+        narrow(f + K, v + q * K, K);
+    }
+}
+
+#define EXPERT_ROWS 128 /* rows of an expert a bf16 product takes at a time, into this thread's float32 */
+
+/* Rows [r0, r1) of `in` (bf16, w->in wide) times w into the same rows of `out` (bf16, w->out wide),
+   EXPERT_ROWS at a time through t: each output rounded to bf16, and for the `hidden` units relu(h)^2 after
+   that, rounded again, then permuted for an NVFP4 down product where `permute` (`row`: 2 w->out floats).
+   0, or rows_product_bf16's error. */
+static int expert_rows_bf16(const weight *w, const uint16_t *in, int64_t r0, int64_t r1, uint16_t *out,
+                            int hidden, int permute, float *t, float *row) {
+    const int64_t K = w->in, N = w->out;
+    for (int64_t r = r0; r < r1; r += EXPERT_ROWS) {
+        const int64_t m = r1 - r < EXPERT_ROWS ? r1 - r : EXPERT_ROWS;
+        const int rc = rows_product_bf16(w, in + r * K, m, t);
+        if (rc) return rc;
+        narrow(t, out + r * N, m * N);
+        if (!hidden) continue;
+        widen(out + r * N, t, m * N);
+        relu2(t, 0, m * N);
+        narrow(t, out + r * N, m * N);
+        if (permute) permute_bf16_rows(out, r, r + m, N, row);
+    }
+    return 0;
+}
+
+/* experts_prefill for a bfloat16 prompt (x [n, d] bf16), at the rounding points of moe.py's torch path in
+ * bf16 (each product's output rounded to bf16, relu(h)^2 rounded, the weighted sum in float32) and with
+ * its activations in bf16, as the plan counts them: the pairs' inputs, hidden units and outputs, S (2 d + I)
+ * values, and per thread EXPERT_ROWS rows of float32 outputs. The products run on gemv.c's bf16 dots
+ * (product_bf16x). 0; -1 where memory ran out; -2 where they cannot (no bf16 dots, an odd width, float32
+ * weights): then moe.py's torch path runs. */
+int experts_prefill_bf16(const uint16_t *x, int64_t n, int64_t d, const int64_t *ids, const float *wts, int64_t k,
+                         int64_t E, const weight *up, const weight *down, int64_t I, float *out, int threads) {
+    const int64_t S = n * k, wide = d > I ? d : I;
+    const int64_t ok[] = {PANELS_BF16, ROWS_BF16, FP8, NVFP4};
+    int formats = 0;
+    for (int i = 0; i < 4; i++) formats += (up[0].format == ok[i]) + (down[0].format == ok[i]);
+    if (!bf16_dot() || d % 2 || I % 2 || formats != 2) return -2;
+    const int permute_up = up[0].format == NVFP4, permute_down = down[0].format == NVFP4;
+    const int64_t team = threads > 0 ? threads : 1;
+    int64_t *start = malloc(sizeof(int64_t) * (2 * (E + 1) + 2 * S));
+    uint16_t *X = malloc(sizeof(uint16_t) * S * (2 * d + I));
+    float *temps = malloc(sizeof(float) * team * (EXPERT_ROWS + 2) * wide);
+    if (!start || !X || !temps) {
+        free(start), free(X), free(temps);
+        return -1;
+    }
+    int64_t *row_of = start + 2 * (E + 1), *token_of = row_of + S;
+    uint16_t *H = X + S * d, *Y = H + S * I;
+    sort_pairs(ids, S, k, E, start, row_of, token_of);
+    int failed = 0;
+    #pragma omp parallel num_threads(threads)
+    {
+        float *t = temps;
+#ifdef _OPENMP
+        t += (EXPERT_ROWS + 2) * wide * (omp_get_thread_num() < team ? omp_get_thread_num() : 0);
+#endif
+        float *row = t + EXPERT_ROWS * wide; /* [2 wide]: a row being permuted */
+        #pragma omp for schedule(static)
+        for (int64_t q = 0; q < S; q++) {
+            memcpy(X + q * d, x + token_of[q] * d, sizeof(uint16_t) * d);
+            if (permute_up) permute_bf16_rows(X, q, q + 1, d, row);
+        }
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t e = 0; e < E; e++) {
+            const int rc = expert_rows_bf16(&up[e], X, start[e], start[e + 1], H, 1, permute_down, t, row);
+            if (rc) {
+                #pragma omp atomic write
+                failed = rc;
+            }
+        }
+        int up_failed; /* read after the up loop's barrier: the same for every thread */
+        #pragma omp atomic read
+        up_failed = failed;
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t e = 0; e < E * !up_failed; e++) {
+            const int rc = expert_rows_bf16(&down[e], H, start[e], start[e + 1], Y, 0, 0, t, row);
+            if (rc) {
+                #pragma omp atomic write
+                failed = rc;
+            }
+        }
+        int down_failed;
+        #pragma omp atomic read
+        down_failed = failed;
+        #pragma omp for schedule(static)
+        for (int64_t q = 0; q < n * !down_failed; q++) {
+            float *o = out + q * d, *y = row;
+            for (int64_t i = 0; i < k; i++) {
+                const float w = wts[q * k + i];
+                widen(Y + row_of[q * k + i] * d, y, d);
+                for (int64_t j = 0; j < d; j++) o[j] += w * y[j];
+            }
+        }
+    }
+    free(start), free(X), free(temps);
+    return failed;
 }
