@@ -80,6 +80,30 @@ def test_the_norms_in_c_are_torch_s_rms_norm(groups, p, width, gated, threads):
     assert kernels.cpu_rms_norm(x, w, eps, groups, p, gate=z) is None
 
 
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("gated", [False, True])
+def test_bf16_norms_in_c_compute_in_float32_and_round_once_as_torch_does(x_dtype, gated, threads):
+    """A bfloat16 network's norms (bf16 rows, its gated group norm's float32 scan output with a bf16 z, bf16
+    weights) widened, normed in float32 and rounded to x's dtype at the end, as the torch formulas do: one
+    bf16 step apart at most, where the float32 sums' order tips a rounding. Not under grad mode."""
+    groups, p, width = 2, 12, 48
+    x = torch.randn(3, 9, width).to(x_dtype)
+    w, z, eps = torch.randn(width).bfloat16(), torch.randn(3, 9, width).bfloat16() if gated else None, 1e-5
+    h = x.float() * F.silu(z.float()) if gated else x.float()
+    v = h.view(3, 9, -1, groups, p)
+    want = (w.float() * (v * torch.rsqrt(v.pow(2).mean(dim=(-3, -1), keepdim=True) + eps)).reshape(x.shape))
+    with torch.inference_mode():
+        got = kernels.cpu_rms_norm(x, w, eps, groups, p, gate=z)
+    assert got is not None and got.dtype == x_dtype
+    if x_dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    else:
+        torch.testing.assert_close(got.float(), want.to(x_dtype).float(), rtol=2**-7, atol=1e-6)
+        assert (got == want.to(x_dtype)).float().mean() > 0.95
+    with torch.enable_grad():
+        assert kernels.cpu_rms_norm(x.requires_grad_(), w, eps, groups, p, gate=z) is None
+
+
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_every_oracle_config_prefills_in_c_like_transformers(tmp_path, name):
     hf = make_checkpoint(tmp_path, seed=2, **CONFIGS[name])
@@ -123,15 +147,25 @@ def test_the_scan_is_the_recurrence_the_chunked_scan_computes(p, N, start, threa
 @pytest.mark.parametrize("C,K", [(13, 4), (40, 2), (24, 3)])
 @pytest.mark.parametrize("T", [2, 9])
 @pytest.mark.parametrize("bias", [True, False])
-def test_the_convolution_continues_and_updates_the_window_like_torch(C, K, T, bias, threads, c_calls):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_convolution_continues_and_updates_the_window_like_torch(C, K, T, bias, dtype, threads, c_calls):
+    """In float32, and in bf16 (a bfloat16 prompt: the convolution rounded to bf16 before the silu and the
+    silu after it, as torch's bf16 conv1d and silu round; one bf16 step apart at most, where the float32
+    sums' order or the two exps tip a rounding)."""
     g = torch.Generator().manual_seed(C * T)
-    x = torch.randn(2, T, C + 5, generator=g)[..., 2:C + 2]  # a view with a row stride, as xBC's split is
-    w, b = torch.randn(C, K, generator=g), torch.randn(C, generator=g) if bias else None
-    for state in (None, torch.randn(2, C, K, generator=g)):
+    x = torch.randn(2, T, C + 5, generator=g)[..., 2:C + 2].to(dtype)  # a view with a row stride, as xBC's
+    w, b = torch.randn(C, K, generator=g).to(dtype), torch.randn(C, generator=g).to(dtype) if bias else None
+    for state in (None, torch.randn(2, C, K, generator=g).to(dtype)):
         ref_state = None if state is None else state.clone()
-        got = kernels.causal_conv1d(x, w, b, state)
-        want = ssd.causal_conv1d(x, w, b, ref_state)
-        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+        with torch.inference_mode():
+            got = kernels.causal_conv1d(x, w, b, state)
+            want = ssd.causal_conv1d(x, w, b, ref_state)
+        assert got.dtype == dtype
+        if dtype == torch.float32:
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+        else:
+            torch.testing.assert_close(got.float(), want.float(), atol=1e-6, rtol=2**-7)
+            assert (got == want).float().mean() > 0.9
         if state is not None:  # T < K keeps part of the old window
             assert torch.equal(state, ref_state)
     assert c_calls == ["_cpu_conv", "_cpu_conv"]

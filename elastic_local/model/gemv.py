@@ -65,7 +65,7 @@ _SIGNATURES = {
     "decode_token": [_P, _I, _I, _P, _C],
     "decode_greedy": [_P, _I, _I, _I, _P, _I, _P, _P, _P, _C],
     "norm_rows": [_P, _P, _I, _P, _P, _I, _I, _I, _I, _F, _C],
-    "conv_prefill": [_P, _I, _I, _P, _P, _P, _P, _I, _I, _I, _I, _C],
+    "conv_prefill": [_P, _I, _I, _P, _P, _P, _P, _I, _I, _I, _I, _C, _C],
     "ssm_scan": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _C],
     "experts_prefill": [_P, _I, _I, _P, _P, _I, _I, _P, _P, _I, _P, _C],
     "experts_prefill_bf16": [_P, _I, _I, _P, _P, _I, _I, _P, _P, _I, _P, _C],

@@ -132,11 +132,13 @@ def _channel_last(xt: torch.Tensor) -> torch.Tensor:
     return xt.transpose(1, 2).contiguous().transpose(1, 2)
 
 
-def cpu_library(*tensors: torch.Tensor | None):
-    """The CPU library (gemv.py) where every tensor is a float32 CPU tensor, no gradient is to be computed
+def cpu_library(*tensors: torch.Tensor | None, bf16: bool = False):
+    """The CPU library (gemv.py) where every tensor is a float32 CPU tensor (or bf16, with `bf16`: the caller
+    widens them, computes in float32 and rounds where the torch ops round), no gradient is to be computed
     and the call is not being traced; else None (the torch reference runs, and training differentiates it)."""
     given = [t for t in tensors if t is not None]
-    if (torch.compiler.is_compiling() or any(t.device.type != "cpu" or t.dtype != torch.float32 for t in given)
+    dtypes = (torch.float32, torch.bfloat16) if bf16 else (torch.float32,)
+    if (torch.compiler.is_compiling() or any(t.device.type != "cpu" or t.dtype not in dtypes for t in given)
             or (torch.is_grad_enabled() and any(t.requires_grad for t in given))):
         return None
     return gemv.library()
@@ -150,10 +152,13 @@ def cpu_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, groups: int 
                  gate: torch.Tensor | None = None) -> torch.Tensor | None:
     """RMSNorm of x [..., width] (times silu(gate) first, where given) times weight [width] by step.c's
     norm_rows, over each of `groups` rank-major groups of p-channel runs (Mamba2's gated norm) or the whole
-    row; None where it does not run (cpu_library): the torch ops then do."""
-    lib = cpu_library(x, weight, gate)
+    row; None where it does not run (cpu_library): the torch ops then do. bf16 tensors are widened first
+    and the norm rounded to x's dtype after, where the torch ops compute in float32 and round too."""
+    dtype = x.dtype
+    lib = cpu_library(x, weight, gate, bf16=True)
     if lib is None or x.numel() == 0:
         return None
+    x, weight, gate = x.float(), weight.float(), None if gate is None else gate.float()
     x, weight, width = x.contiguous(), weight.contiguous(), x.shape[-1]
     rows = x.numel() // width
     if gate is not None:  # rows of a strided gate (in_proj's z columns) are read where they are
@@ -163,7 +168,7 @@ def cpu_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, groups: int 
     out = torch.empty_like(x)
     lib.norm_rows(x.data_ptr(), _ptr(gate), 0 if gate is None else gate.stride(0), weight.data_ptr(),
                   out.data_ptr(), rows, width, groups, p or width, eps, torch.get_num_threads())
-    return out
+    return out.to(dtype)
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -174,7 +179,7 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     T, (C, K) = x.shape[1], weight.shape
     conv = k.op("conv", x.device)
     if (conv is None and T > 1 and (state is None or state.is_contiguous())
-            and (lib := cpu_library(x, weight, bias, state)) is not None):
+            and (lib := cpu_library(x, weight, bias, state, bf16=x.dtype == torch.bfloat16)) is not None):
         return _cpu_conv(lib, x, weight, bias, state)
     update = k.op("conv_update", x.device)
     if update is not None and state is not None and T == 1:
@@ -208,15 +213,21 @@ def ssd_scan(x, dt, A, B, C, chunk: int, initial_state: torch.Tensor | None):
 
 
 def _cpu_conv(lib, x, weight, bias, state):
-    """causal_conv1d by step.c's conv_prefill: 8 channels at a time across the prompt, silu fused."""
+    """causal_conv1d by step.c's conv_prefill: 8 channels at a time across the prompt, silu fused. A bf16
+    prompt's inputs, weights and state are widened (exactly), and the convolution rounded to bf16 before
+    the silu, whose float32 result is rounded again: where torch's bf16 conv1d and silu round."""
     (b, T, C), K = x.shape, weight.shape[1]
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    weight, bias = weight.contiguous(), None if bias is None else bias.contiguous()  # alive for the call
+    half = x.dtype == torch.bfloat16
+    x = x.float().contiguous() if half else x if x.stride(-1) == 1 else x.contiguous()
+    weight, bias = weight.float().contiguous(), None if bias is None else bias.float().contiguous()
+    wide = state.float() if half and state is not None and state.dtype != torch.float32 else state
     out = x.new_empty(b, T, C)
-    if lib.conv_prefill(x.data_ptr(), x.stride(0), x.stride(1), weight.data_ptr(), _ptr(bias), _ptr(state),
-                        out.data_ptr(), b, T, C, K, torch.get_num_threads()):
+    if lib.conv_prefill(x.data_ptr(), x.stride(0), x.stride(1), weight.data_ptr(), _ptr(bias), _ptr(wide),
+                        out.data_ptr(), b, T, C, K, half, torch.get_num_threads()):
         raise MemoryError(f"out of memory for the convolution's {C}x{2 * K - 1} taps")
-    return out
+    if wide is not state:
+        state.copy_(wide)  # bf16 inputs: exact
+    return out.to(torch.bfloat16) if half else out
 
 
 def _cpu_scan(lib, x, dt, A, B, C, initial_state):

@@ -152,7 +152,7 @@ def _experts_cpu(flat: torch.Tensor, w: MoEWeights, experts: int, channels: int,
     step.c does not read, no bf16 dots for bf16 tokens, or gradients to compute."""
     n, d = flat.shape
     if flat.dtype == torch.bfloat16:  # a bfloat16 prompt: its own C path, on the CPU's bf16 dots
-        lib = kernels.cpu_library(weights) if flat.device.type == "cpu" else None
+        lib = kernels.cpu_library(flat, weights, bf16=True)
         lib, entry = (lib if lib is not None and gemv.bf16_dot() else None), "experts_prefill_bf16"
     else:
         # plain [out, in] stacks must be float32; panels (float32, or bf16 that step.c widens) and packed
@@ -160,7 +160,7 @@ def _experts_cpu(flat: torch.Tensor, w: MoEWeights, experts: int, channels: int,
         plain = (t for t in (w.up, w.down) if isinstance(t, torch.Tensor))
         lib, entry = kernels.cpu_library(flat, weights, *plain), "experts_prefill"
     described = lib and _described(w, experts, channels, d)
-    if not described or (flat.requires_grad and torch.is_grad_enabled()):
+    if not described:
         return None
     up, down = described
     flat, ids, weights = flat.contiguous(), ids.contiguous(), weights.float().contiguous()

@@ -380,15 +380,21 @@ static inline uint16_t narrow1(float f) {
     return isnan(f) ? (uint16_t)((u >> 16) | 0x40) : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-static void narrow(const float *f, uint16_t *h, int64_t n) {
+/* Eight floats' bf16 (narrow1's), one in the low half of each 32-bit lane. */
+static inline __m256i narrow8(__m256 v) {
     const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff), quiet = _mm256_set1_epi32(0x40);
+    const __m256i u = _mm256_castps_si256(v), top = _mm256_srli_epi32(u, 16);
+    const __m256i even = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(half, _mm256_and_si256(top, one))), 16);
+    return _mm256_blendv_epi8(even, _mm256_or_si256(top, quiet), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+
+/* v rounded to bf16 and widened back, in registers. */
+static inline __m256 bf16_round8(__m256 v) { return _mm256_castsi256_ps(_mm256_slli_epi32(narrow8(v), 16)); }
+
+static void narrow(const float *f, uint16_t *h, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        const __m256 v = _mm256_loadu_ps(f + i);
-        const __m256i u = _mm256_castps_si256(v), top = _mm256_srli_epi32(u, 16);
-        const __m256i even = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(half, _mm256_and_si256(top, one))), 16);
-        const __m256i r = _mm256_blendv_epi8(even, _mm256_or_si256(top, quiet),
-                                             _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+        const __m256i r = narrow8(_mm256_loadu_ps(f + i));
         _mm_storeu_si128((__m128i *)(h + i), _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
     }
     for (; i < n; i++) h[i] = narrow1(f[i]);
@@ -1136,11 +1142,12 @@ void norm_rows(const float *x, const float *z, int64_t ldz, const float *w, floa
 
 /* silu(causal depthwise conv) of x [b, T, C] (x[i, t, c] at x + i * ldb + t * ldt + c) with weight
    [C, K] and bias [C] (or NULL) into out [b, T, C] (contiguous). state [b, C, K] (or NULL: zeros before
-   x) holds the last K inputs before x and is left holding the last K inputs after it. Returns -1 where
+   x) holds the last K inputs before x and is left holding the last K inputs after it. With `round`, the
+   convolution is rounded to bf16 before the silu (a bf16 prompt's, as torch rounds it). Returns -1 where
    the scratch could not be allocated. Each thread takes a run of channels, 8 at a time, across every
    time step: the taps are the weight's columns, transposed once. */
 int conv_prefill(const float *x, int64_t ldb, int64_t ldt, const float *w, const float *bias, float *state,
-                 float *out, int64_t b, int64_t T, int64_t C, int64_t K, int threads) {
+                 float *out, int64_t b, int64_t T, int64_t C, int64_t K, int round, int threads) {
     const int64_t C8 = (C + 7) / 8 * 8;
     float *taps = calloc((size_t)(2 * K - 1) * C8, sizeof(float)); /* [K, C8] weights, [K - 1, C8] history */
     if (!taps) return -1;
@@ -1170,7 +1177,7 @@ int conv_prefill(const float *x, int64_t ldb, int64_t ldt, const float *w, const
                         const __m256 in = lanes == 8 ? _mm256_loadu_ps(row) : _mm256_maskload_ps(row, mask);
                         a = _mm256_fmadd_ps(_mm256_loadu_ps(taps + j * C8 + c), in, a);
                     }
-                    a = silu256(a);
+                    a = silu256(round ? bf16_round8(a) : a);
                     if (lanes == 8) _mm256_storeu_ps(out + (i * T + t) * C + c, a);
                     else _mm256_maskstore_ps(out + (i * T + t) * C + c, mask, a);
                 }
