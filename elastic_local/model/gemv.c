@@ -32,6 +32,7 @@
  * A bfloat16 prompt (x in bf16) runs on the CPU's bf16 dot products where it has them (AVX512-BF16, chosen
  * at run time: section "A bfloat16 prompt on bf16 dot products"), with bf16 or packed weights alike.
  */
+#include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -490,11 +491,25 @@ int gemm_p_bf16(const float *x, const uint16_t *p, float *y, int64_t M, int64_t 
  * a bfloat16 model does not already make, but not the widening path's bits. The panel's rows are
  * re-paired for it (each 32-bit lane: one column's weights at k and k + 1) KC rows at a time, once for
  * every row of x. */
-#if (defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10)
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10)
 #define BF16_DOT __attribute__((target("avx512f,avx512vl,avx512bf16")))
 #define MR 8 /* rows a tile runs: 24 accumulators, 3 panel vectors and a broadcast within 32 registers */
 
-int bf16_dot(void) { return __builtin_cpu_supports("avx512bf16") != 0; }
+/* Whether this CPU and OS run AVX512-BF16 (with AVX512F and VL), from CPUID and XGETBV themselves: clang's
+   __builtin_cpu_supports("avx512bf16") said no on this project's Zen 4 (zig cc, clang 22), gcc's yes. */
+int bf16_dot(void) {
+    static int known = -1;
+    if (known >= 0) return known;
+    unsigned a, b, c, d, lo, hi;
+    int yes = __get_cpuid_count(1, 0, &a, &b, &c, &d) && (c >> 27 & 1); /* OSXSAVE */
+    if (yes) {
+        __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+        yes = (lo & 0xE6) == 0xE6; /* the OS saves the SSE, AVX and AVX-512 (opmask, upper ZMM) state */
+    }
+    yes = yes && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b >> 16 & 1) && (b >> 31 & 1) && a >= 1;
+    yes = yes && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1); /* AVX512F, VL; AVX512_BF16 */
+    return known = yes;
+}
 
 /* Rows k (r0) and k + 1 (r1) of a bf16 panel (linear.BF16_COLUMNS' order) -> 24 lanes, columns in order,
    each (w[k][c] low, w[k + 1][c] high). */
