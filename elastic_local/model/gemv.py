@@ -285,8 +285,9 @@ BF16_DOT_ENV = "ELASTIC_LOCAL_BF16_DOT"  # "0": bf16 prompts widen to float32 FM
 
 
 def bf16_dot() -> bool:
-    """Whether a bfloat16 prompt's products on bf16 panels run on the CPU's bf16 dot products (AVX512-BF16,
-    gemv.c's gemm_p_bf16x): where it has them, unless ELASTIC_LOCAL_BF16_DOT=0."""
+    """Whether a bfloat16 prompt's products run on the CPU's bf16 dot products (AVX512-BF16: gemv.c's
+    gemm_p_bf16x on bf16 panels, gemm_packed_bf16x on FP8 / NVFP4 rows, step.c's experts_prefill_bf16):
+    where it has them, unless ELASTIC_LOCAL_BF16_DOT=0."""
     return os.environ.get(BF16_DOT_ENV) != "0" and bool(_library.bf16_dot())
 
 
