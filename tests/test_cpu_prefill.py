@@ -199,10 +199,10 @@ def test_the_routed_experts_sum_what_the_grouped_torch_path_sums(experts, channe
 @pytest.mark.parametrize("experts,channels,d", [(8, 48, 32), (6, 40, 32), (8, 10, 20), (7, 30, 300)])
 @pytest.mark.parametrize("n", [1, 3, 29, 200])
 def test_a_bfloat16_prompt_s_routed_experts_run_in_c_at_the_torch_path_s_rounding_points(experts, channels, d, n,
-                                                                                         threads):
+                                                                                         threads, monkeypatch):
     """experts_prefill_bf16: bf16 tokens on bf16 panels (budget views, rows past one 128-row block of an
     expert), each product rounded to bf16 and relu(h)^2 too, as the grouped torch path in bf16 does: the
-    same sums but for the order the float32 total adds the experts in."""
+    same sums but for the order the float32 total adds the experts in. Without the dots, the torch path."""
     if not gemv.bf16_dot():
         pytest.skip("this CPU has no AVX512-BF16 dot products: a bf16 prompt's experts run in torch")
     w = expert_weights(8, 48, 320, dtype=torch.bfloat16)
@@ -214,6 +214,8 @@ def test_a_bfloat16_prompt_s_routed_experts_run_in_c_at_the_torch_path_s_roundin
     assert got is not None and got.dtype == torch.float32
     want = moe._experts_grouped(flat, w, experts, channels, ids, weights, None)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-3 * float(want.abs().max()))  # measured 1e-7
+    monkeypatch.setenv(gemv.BF16_DOT_ENV, "0")
+    assert moe._experts_cpu(flat, w, experts, channels, ids, weights) is None
 
 
 @pytest.fixture(scope="module")
