@@ -1312,11 +1312,11 @@ static void sort_pairs(const int64_t *ids, int64_t S, int64_t k, int64_t E, int6
  * an expert at a time (its weight panels serve all of its rows). x [n, d] contiguous. */
 int experts_prefill(const float *x, int64_t n, int64_t d, const int64_t *ids, const float *wts, int64_t k,
                     int64_t E, const weight *up, const weight *down, int64_t I, float *out, int threads) {
-    const int64_t S = n * k, wide = d > I ? d : I;
+    const int64_t S = n * k, each = gemm_p_scratch + (I + 7) / 8 * 8; /* a thread's: tiles, a row of H */
     const int permute_up = up[0].format == NVFP4, permute_down = down[0].format == NVFP4;
     int64_t *start = malloc(sizeof(int64_t) * (2 * (E + 1) + 2 * S));
-    float *X = malloc(sizeof(float) * S * (2 * d + I + (permute_up || permute_down ? wide : 0)));
-    float *scratches = aligned_alloc(32, sizeof(float) * gemm_p_scratch * (threads > 0 ? threads : 1));
+    float *X = malloc(sizeof(float) * S * (2 * d + I)); /* NVFP4's inputs permuted where they lie */
+    float *scratches = aligned_alloc(32, sizeof(float) * each * (threads > 0 ? threads : 1));
     if (!start || !X || !scratches) {
         free(start);
         free(X);
@@ -1324,36 +1324,39 @@ int experts_prefill(const float *x, int64_t n, int64_t d, const int64_t *ids, co
         return -1;
     }
     int64_t *row_of = start + 2 * (E + 1), *token_of = row_of + S;
-    float *H = X + S * d, *Y = H + S * I, *P = Y + S * d; /* P: X or H permuted for NVFP4 */
+    float *H = X + S * d, *Y = H + S * I;
     sort_pairs(ids, S, k, E, start, row_of, token_of);
-    const float *up_in = permute_up ? P : X, *down_in = permute_down ? P : H;
     #pragma omp parallel num_threads(threads)
     {
         float *scratch = scratches;
 #ifdef _OPENMP
-        scratch += gemm_p_scratch * omp_get_thread_num();
+        scratch += each * omp_get_thread_num();
 #endif
+        float *row = scratch + gemm_p_scratch;
         #pragma omp for schedule(static)
         for (int64_t q = 0; q < S; q++) {
-            memcpy(X + q * d, x + token_of[q] * d, sizeof(float) * d);
-            if (permute_up) permute_nvfp4(X + q * d, P + q * d, 1, d);
+            if (permute_up) permute_nvfp4(x + token_of[q] * d, X + q * d, 1, d);
+            else memcpy(X + q * d, x + token_of[q] * d, sizeof(float) * d);
         }
         #pragma omp for schedule(dynamic, 1)
         for (int64_t e = 0; e < E; e++) { /* an expert at a time: its panels serve all of its rows */
             const int64_t m = start[e + 1] - start[e];
             if (!m) continue;
             float *h = H + start[e] * I;
-            rows_product(&up[e], up_in + start[e] * d, m, h, scratch);
+            rows_product(&up[e], X + start[e] * d, m, h, scratch);
             relu2(h, 0, m * I);
         }
         if (permute_down) {
             #pragma omp for schedule(static)
-            for (int64_t q = 0; q < S; q++) permute_nvfp4(H + q * I, P + q * I, 1, I);
+            for (int64_t q = 0; q < S; q++) {
+                memcpy(row, H + q * I, sizeof(float) * I);
+                permute_nvfp4(row, H + q * I, 1, I);
+            }
         }
         #pragma omp for schedule(dynamic, 1)
         for (int64_t e = 0; e < E; e++) {
             const int64_t m = start[e + 1] - start[e];
-            if (m) rows_product(&down[e], down_in + start[e] * I, m, Y + start[e] * d, scratch);
+            if (m) rows_product(&down[e], H + start[e] * I, m, Y + start[e] * d, scratch);
         }
         #pragma omp for schedule(static)
         for (int64_t t = 0; t < n; t++)
