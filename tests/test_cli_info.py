@@ -5,6 +5,7 @@ import json
 from tiny import make_checkpoint
 
 from elastic_local.cli import main
+from elastic_local.model import gemv
 
 
 def test_info_json_counts_match_the_tensors_in_the_file(tmp_path, capsys):
@@ -18,9 +19,10 @@ def test_info_json_counts_match_the_tensors_in_the_file(tmp_path, capsys):
     per_expert = 2 * 32 * 16
     assert d["params"] - d["active_params"] == 2 * (8 - 2) * per_expert
     assert d["weights"]["bytes_on_disk"] >= 4 * d["params"]
-    # x86 with a C compiler: float32 prompts' scan and products, and decode steps, in C
-    assert d["kernels"]["mamba_scan"].startswith("C for float32 prompts")
+    # x86 with a C compiler: prompts' scan and products, and decode steps, in C
+    assert d["kernels"]["mamba_scan"].startswith("C (model/step.c")
     assert "column panels" in d["kernels"]["linear"]
+    assert ("bf16 dot products" in d["kernels"]["linear"]) == gemv.bf16_dot()  # what this CPU has
     assert d["kernels"]["decode_step"].startswith("in C, one call per token")
 
 

@@ -76,22 +76,28 @@ def _decode_step(device: str) -> str:
     return "torch (eager)"
 
 
+def _bf16_prompts() -> str:
+    """How a bfloat16 load's prompt products run on this CPU (model/gemv.py, bf16_dot)."""
+    if gemv.bf16_dot():
+        return "a bfloat16 load's prompts on the CPU's bf16 dot products (AVX512-BF16)"
+    return "a bfloat16 load's prompts widened to float32 FMAs (no AVX512-BF16 dots here)"
+
+
 def _linear_kernel(precision: str, device: str) -> str:
     """The matmul path the stored precision takes on `device`, by the gates the runtime uses
     (quant/linear.py, model/cost.py): the ones `fit` plans with."""
     dev = torch.device(device)
     cpu_decode = dev.type == "cpu" and gemv.library() is not None  # model/gemv.py: x86 CPUs with a C compiler
     if precision == "bf16":
-        return ("dense (float32 compute, weights kept in column panels, a BF16 file's in bf16 widened as they "
-                "are read: decode in C, model/step.c on model/gemv.c, prompts on gemv.c's tiles over the same "
-                "panels; bfloat16: oneDNN / MKL)") if cpu_decode else \
-            "dense (oneDNN / cuBLAS)"
+        return ("dense (weights kept in column panels, a BF16 file's in bf16: decode in C, model/step.c on "
+                f"model/gemv.c, prompts on gemv.c's tiles over the same panels; {_bf16_prompts()})") if cpu_decode \
+            else "dense (oneDNN / cuBLAS)"
     k = kernels.active()
     cap = k.capability(dev) if k.op("scaled_mm", dev) is not None else None
     if runs_natively(precision, cap):
         return f"{precision} scaled_mm (compute capability {cap[0]}.{cap[1]})"
     if cpu_decode:
         return ("dequantize in registers (model/gemv.c): a row of x at a time for decode, into panels for a "
-                f"prompt's rows (up to {gemv.MAX_PACKED_ROWS} a call)")
+                f"prompt's rows (up to {gemv.MAX_PACKED_ROWS} a call; {_bf16_prompts()})")
     need = NATIVE_CAPABILITY[precision]
     return f"dequantize inside the matmul ({precision} needs compute capability {need[0]}.{need[1]}+ to run natively)"

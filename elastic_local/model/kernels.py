@@ -112,12 +112,13 @@ def use(kernels: KernelSet | None) -> KernelSet | None:
 def describe(device: str | torch.device) -> dict[str, str]:
     """What runs each Mamba2 op on `device`, and why not the kernel when it is missing."""
     k, device = active(), torch.device(device)
-    in_c = device.type == "cpu" and gemv.library() is not None  # float32 prompts (cpu_library)
+    in_c = device.type == "cpu" and gemv.library() is not None  # prompts in either dtype (cpu_library)
     out = {"kernels": k.name,
            "mamba_scan": "mamba_ssm (CUDA kernels)" if k.op("chunk_scan", device) else
-           "C for float32 prompts (model/step.c; torch SSD reference otherwise)" if in_c else "torch SSD reference",
+           "C (model/step.c; float32 arithmetic, a bfloat16 prompt's too)" if in_c else "torch SSD reference",
            "mamba_conv": "causal_conv1d (CUDA kernel)" if k.op("conv", device) else
-           "C for float32 prompts (model/step.c; torch conv1d otherwise)" if in_c else "torch conv1d"}
+           "C (model/step.c; a bfloat16 prompt's rounded where torch's bf16 conv1d rounds)" if in_c
+           else "torch conv1d"}
     if device.type == "cuda" and k.missing:
         out["note"] = "; ".join(f"{p}: {why}" for p, why in k.missing.items()) + f"; {INSTALL_HINT}"
     elif device.type == "cuda" and k is TORCH:
