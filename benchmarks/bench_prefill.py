@@ -93,7 +93,10 @@ def bf16_dot(on: bool):
     try:
         yield
     finally:
-        os.environ.pop(gemv.BF16_DOT_ENV) if before is None else os.environ.update({gemv.BF16_DOT_ENV: before})
+        if before is None:
+            del os.environ[gemv.BF16_DOT_ENV]
+        else:
+            os.environ[gemv.BF16_DOT_ENV] = before
 
 
 def bf16_products(m, name: str, reps: int) -> None:

@@ -904,6 +904,24 @@ void permute_nvfp4(const float *x, float *xp, int64_t M, int64_t K) {
     }
 }
 
+/* permute_nvfp4 for bf16 rows x [M, K] into xp (x itself allowed), exactly: each row widened into f [2K],
+   permuted, and its top halves kept (a reordering of bf16 values). A bfloat16 prompt's NVFP4 products
+   (gemm_packed_bf16x, step.c's experts). */
+void permute_nvfp4_bf16(const uint16_t *x, uint16_t *xp, int64_t M, int64_t K, float *f) {
+    for (int64_t m = 0; m < M; m++) {
+        for (int64_t k = 0; k < K; k++) {
+            const uint32_t bits = (uint32_t)x[m * K + k] << 16;
+            memcpy(f + k, &bits, sizeof bits);
+        }
+        permute_nvfp4(f, f + K, 1, K);
+        for (int64_t k = 0; k < K; k++) {
+            uint32_t bits;
+            memcpy(&bits, f + K + k, sizeof bits);
+            xp[m * K + k] = (uint16_t)(bits >> 16);
+        }
+    }
+}
+
 /* K % 16 == 0; w [N, ldw bytes], scales [N, lds bytes]; xp from permute_nvfp4. */
 void part_nvfp4(const float *xp, const uint8_t *w, const uint8_t *scales, float *y, int64_t M, int64_t N,
                 int64_t K, int64_t ldw, int64_t lds, float scale, int64_t n0, int64_t n1) {
@@ -978,8 +996,8 @@ int gemv_nvfp4(const float *x, const uint8_t *w, const uint8_t *scales, float *y
 
 /* y [M, N] (float32) = x [M, K] (bf16) times packed FP8 (`format` PANEL_FP8) or NVFP4 (PANEL_NVFP4) rows on
    the bf16 dots, K even (packed_bf16x): 0; -1 where memory ran out; -2 where this CPU or build has no bf16
-   dots, or K is odd (then gemv_fp8 / gemv_nvfp4 on x in float32). NVFP4's x is permuted first, exactly (a
-   row widened, permuted, and narrowed back). */
+   dots, or K is odd (then gemv_fp8 / gemv_nvfp4 on x in float32). NVFP4's x is permuted first, exactly
+   (permute_nvfp4_bf16). */
 int gemm_packed_bf16x(int format, const uint16_t *x, const uint8_t *w, const uint8_t *scales, float *y, int64_t M,
                       int64_t N, int64_t K, int64_t ldw, int64_t lds, float scale, int threads) {
 #ifdef BF16_DOT
@@ -992,19 +1010,8 @@ int gemm_packed_bf16x(int format, const uint16_t *x, const uint8_t *w, const uin
         if (xp) {
             float *wide = malloc(sizeof(float) * 2 * K);
             #pragma omp for schedule(static)
-            for (int64_t m = 0; m < M; m++) {
-                if (!wide) continue;
-                for (int64_t k = 0; k < K; k++) {
-                    const uint32_t bits = (uint32_t)x[m * K + k] << 16;
-                    memcpy(wide + k, &bits, sizeof bits);
-                }
-                permute_nvfp4(wide, wide + K, 1, K);
-                for (int64_t k = 0; k < K; k++) {
-                    uint32_t bits;
-                    memcpy(&bits, wide + K + k, sizeof bits);
-                    xp[m * K + k] = (uint16_t)(bits >> 16);
-                }
-            }
+            for (int64_t m = 0; m < M; m++)
+                if (wide) permute_nvfp4_bf16(x + m * K, xp + m * K, 1, K, wide);
             if (!wide) {
                 #pragma omp atomic write
                 failed = 1;

@@ -72,6 +72,7 @@ _SIGNATURES = {
     "to_bf16": [_P, _P, _I],
     "owned": [_P, _I, _I, _P, _P],
     "meet_time": [_I, _C, _P],
+    "meet_check": [_I, _C],
     "release_threads": [],
     "float_mode": [],
     "set_float_mode": [_C],

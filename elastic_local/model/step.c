@@ -33,6 +33,7 @@ void panels_vec(const float *x, const void *p, int64_t ps, int64_t skip, int64_t
 void part_bf16(const float *, const uint16_t *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
 void part_fp8(const float *, const uint8_t *, float *, int64_t, int64_t, int64_t, int64_t, float, int64_t, int64_t);
 void permute_nvfp4(const float *x, float *xp, int64_t M, int64_t K);
+void permute_nvfp4_bf16(const uint16_t *x, uint16_t *xp, int64_t M, int64_t K, float *f);
 void gemm_p_part(const float *x, const void *p, int64_t ps, int64_t skip, float *y, int64_t M, int64_t N,
                  int64_t K, int64_t n0, int64_t n1, float *c, int bf16);
 extern const int64_t gemm_p_scratch; /* floats of gemm_p_part's c */
@@ -65,7 +66,8 @@ typedef struct {     /* y[n] = sum_k W[n, k] x[k], n < out, k < in */
  * each narrow product cost small budgets most: docs/decode-speed.md, "One parallel region a token".)
  *
  * The barrier is this file's own (`meet`): OpenMP's costs 0.26 us here even on one thread (libgomp makes
- * a futex system call at each), against 0.04 us for two threads counting on a shared line, and a token
+ * a futex system call at each), against 0.04 us for two threads counting on a shared line (0.03-0.34 us
+ * on the Zen 4 VM, with where the host puts its two vCPUs: bench_budgets prints it), and a token
  * passes two or three a block. It also keeps spinning where libgomp would sleep: libgomp cuts its spin to
  * 100 turns once the threads it has ever led outnumber the cores, which made each barrier a kernel sleep
  * and wake-up (docs/decode-speed.md, "A stream on its own thread"). It yields the core instead of spinning where the
@@ -120,6 +122,13 @@ static inline int64_t thread_here(void) {
 #else
     return 0;
 #endif
+}
+
+/* This thread's member of `all` in the current region: it yields its core early where the region has more
+   threads than the process has cores. */
+static member member_of(meeting *all, const double *cut) {
+    const int64_t team = threads_here();
+    return (member){all, 0, team, team > omp_procs() ? 64 : 1 << 14, cut, NULL};
 }
 
 /* y = W x, of which this thread computes outputs [n0, n1). */
@@ -1034,7 +1043,7 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
         const int64_t team = threads_here(); /* libgomp may give fewer threads than asked */
         double cut[team + 1];
         cuts_of(s->balance, team, cut);
-        member me = {&all, 0, team, team > omp_procs() ? 64 : 1 << 14, cut, NULL};
+        member me = member_of(&all, cut);
         const unsigned int own_csr = _mm_getcsr();
         _mm_setcsr(csr);
         if (thread_here() == 0) team_size = team;
@@ -1102,13 +1111,34 @@ int meet_time(int64_t rounds, int threads, double *ns) {
     clock_gettime(CLOCK_MONOTONIC, &t0);
     #pragma omp parallel num_threads(threads)
     {
-        const int64_t team = threads_here();
-        member me = {&all, 0, team, team > omp_procs() ? 64 : 1 << 14, NULL, NULL};
+        member me = member_of(&all, NULL);
         for (int64_t r = 0; r < rounds; r++) meet(&me);
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     *ns = ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / (double)rounds;
     return 0;
+}
+
+/* `meet`, for the tests: `rounds` meetings of `threads` threads, each marking the round it reached before it
+   meets and checking after that every thread had marked it. The (thread, round) pairs that found a thread
+   behind: 0 where the barrier holds. */
+int meet_check(int64_t rounds, int threads) {
+    meeting all = {0, 0};
+    atomic_llong reached[threads > 0 ? threads : 1];
+    for (int t = 0; t < (threads > 0 ? threads : 1); t++) atomic_init(&reached[t], 0);
+    atomic_int behind = 0;
+    #pragma omp parallel num_threads(threads)
+    {
+        member me = member_of(&all, NULL);
+        for (int64_t r = 1; r <= rounds; r++) {
+            atomic_store_explicit(&reached[thread_here()], r, memory_order_relaxed);
+            meet(&me);
+            for (int64_t t = 0; t < me.threads; t++)
+                if (atomic_load_explicit(&reached[t], memory_order_relaxed) < r)
+                    atomic_fetch_add_explicit(&behind, 1, memory_order_relaxed);
+        }
+    }
+    return atomic_load(&behind);
 }
 
 /* ------------------------------------------------------------------------------ norms over a prompt */
@@ -1385,16 +1415,6 @@ static int rows_product_bf16(const weight *w, const uint16_t *x, int64_t m, floa
     }
 }
 
-/* Rows [r0, r1) of v [.., K] (bf16) permuted for NVFP4 in place, exactly (widened into `f` [2K], permuted,
-   narrowed back). */
-static void permute_bf16_rows(uint16_t *v, int64_t r0, int64_t r1, int64_t K, float *f) {
-    for (int64_t q = r0; q < r1; q++) {
-        widen(v + q * K, f, K);
-        permute_nvfp4(f, f + K, 1, K);
-        narrow(f + K, v + q * K, K);
-    }
-}
-
 #define EXPERT_ROWS 128 /* rows of an expert a bf16 product takes at a time, into this thread's float32 */
 
 /* Rows [r0, r1) of `in` (bf16, w->in wide) times w into the same rows of `out` (bf16, w->out wide),
@@ -1413,7 +1433,7 @@ static int expert_rows_bf16(const weight *w, const uint16_t *in, int64_t r0, int
         widen(out + r * N, t, m * N);
         relu2(t, 0, m * N);
         narrow(t, out + r * N, m * N);
-        if (permute) permute_bf16_rows(out, r, r + m, N, row);
+        if (permute) permute_nvfp4_bf16(out + r * N, out + r * N, m, N, row);
     }
     return 0;
 }
@@ -1454,7 +1474,7 @@ int experts_prefill_bf16(const uint16_t *x, int64_t n, int64_t d, const int64_t 
         #pragma omp for schedule(static)
         for (int64_t q = 0; q < S; q++) {
             memcpy(X + q * d, x + token_of[q] * d, sizeof(uint16_t) * d);
-            if (permute_up) permute_bf16_rows(X, q, q + 1, d, row);
+            if (permute_up) permute_nvfp4_bf16(X + q * d, X + q * d, 1, d, row);
         }
         #pragma omp for schedule(dynamic, 1)
         for (int64_t e = 0; e < E; e++) {
