@@ -19,7 +19,9 @@ float32, and runs the same prompt (random token ids, fixed seed) greedily for ex
                   against llama.cpp-q8_0 / -q4_0
     ours-fp8-bf16, ours-nvfp4-bf16  the same loaded in bfloat16 (activations, caches and lm_head bf16:
                   the CPU's load where float32 does not fit; prompts on the CPU's bf16 dot products where
-                  it has them), against llama.cpp-q8_0 / -q4_0, which round activations to 8-bit integers
+                  it has them), against llama.cpp-q8_0 / -q4_0, which round activations to 8-bit integers: their
+                  prompts compare, their decode does not (the lm_head, a large part of the bytes a small
+                  model's token reads, is bf16 here and f32 in llama.cpp's quantized files)
     transformers-loop  the same bare loop on transformers: model(ids, cache=cache, use_cache=True,
                   logits_to_keep=1) + argmax (like for like with ours: neither has generate()'s overhead)
     transformers  NemotronHForCausalLM.generate(greedy, use_cache, min_new_tokens = max_new_tokens): the
@@ -470,8 +472,10 @@ COMPARISONS = [  # (engine, engine, what the ratio compares)
     ("ours-rows", "ours", "C decode step on [out, in] vs on [in, out]"),
     ("ours-fp8", "llama.cpp-q8_0", "8-bit weights, lm_head float32 in both"),
     ("ours-nvfp4", "llama.cpp-q4_0", "4-bit weights, lm_head float32 in both"),
-    ("ours-fp8-bf16", "llama.cpp-q8_0", "8-bit weights; ours bf16 activations, Q8_0 8-bit ones"),
-    ("ours-nvfp4-bf16", "llama.cpp-q4_0", "4-bit weights; ours bf16 activations, Q4_0 8-bit ones"),
+    ("ours-fp8-bf16", "llama.cpp-q8_0", "8-bit weights; ours bf16 activations, Q8_0 8-bit ones; decode not "
+     "like for like: our lm_head bf16, llama.cpp's f32"),
+    ("ours-nvfp4-bf16", "llama.cpp-q4_0", "4-bit weights; ours bf16 activations, Q4_0 8-bit ones; decode not "
+     "like for like: our lm_head bf16, llama.cpp's f32"),
     ("ours-fp8", "ours", "FP8 vs float32 weights"),
     ("ours-nvfp4", "ours", "NVFP4 vs float32 weights"),
 ]
