@@ -312,8 +312,8 @@ def test_a_bf16_prompt_on_packed_weights_sums_their_exact_products_on_the_bf16_d
         scales = None if fp8 else q.weight_scale.view(torch.uint8)
         y = torch.empty(rows, shape[0])
         assert gemv.library().gemm_packed_bf16x(
-            2 if fp8 else 3, x.data_ptr(), codes.data_ptr(), 0 if fp8 else scales.data_ptr(), y.data_ptr(), rows,
-            shape[0], shape[1], codes.stride(0), 0 if fp8 else scales.stride(0),
+            gemv._FP8 if fp8 else gemv._NVFP4, x.data_ptr(), codes.data_ptr(), 0 if fp8 else scales.data_ptr(),
+            y.data_ptr(), rows, shape[0], shape[1], codes.stride(0), 0 if fp8 else scales.stride(0),
             (q.weight_scale if fp8 else q.weight_scale_2).item(), threads) == 0
         exact = x.double() @ wd.double().T
         bound = float32_sum_bound(x, wd) + 2.0**-23 * exact.abs()
