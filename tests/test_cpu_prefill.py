@@ -180,6 +180,53 @@ def expert_weights(E, I, d, seed=0, dtype=torch.float32):
                           None, None)
 
 
+@pytest.mark.parametrize("p,N", [(12, 12), (64, 16)])
+@pytest.mark.parametrize("start", ["zeros", "state"])
+def test_a_mixer_s_scan_adds_the_skip_in_its_heads_order_and_advances_the_cache_s_state(p, N, start, threads,
+                                                                                        c_calls):
+    """mamba_scan's one C pass against the torch ops it replaces: ssd_scan, the D skip, the heads from
+    group-major to rank-major; the state given is the one advanced (the decode step holds its pointer)."""
+    x, dt, A, B, C, init = scan_inputs(2, 37, 2, 3, p, N)
+    D = torch.randn(2, 3, generator=torch.Generator().manual_seed(5))
+    state = init.clone() if start == "state" else None
+    with torch.no_grad():
+        y_ref, final_ref = ssd.ssd_chunked(x, dt, A, B, C, 8, None if state is None else init)
+        want = (y_ref + D[..., None] * x).transpose(2, 3).reshape(2, 37, 3 * 2 * p)
+        kept = state
+        y = kernels.mamba_scan(x, dt, A, D, B, C, 8, state)
+    assert c_calls == ["_cpu_scan"]
+    torch.testing.assert_close(y, want, atol=1e-4, rtol=1e-4)
+    if state is not None:
+        assert state is kept and state.data_ptr() == kept.data_ptr()
+        torch.testing.assert_close(state, final_ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("experts,d,k", [(8, 32, 2), (6, 20, 3), (32, 300, 4)])
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_router_in_c_chooses_and_weighs_the_experts_as_torch_does(experts, d, k, norm, dtype, threads,
+                                                                        monkeypatch):
+    """A budget's router (fewer experts and inputs than resident: a view with rows wider than d), bf16 tokens
+    widened, scores with and without normalizing the top k."""
+    from types import SimpleNamespace
+
+    g = torch.Generator().manual_seed(experts + d)
+    gate, bias = torch.randn(40, 320, generator=g) / 8, torch.randn(40, generator=g) / 4
+    x = torch.randn(57, d, generator=g).to(dtype)
+    cfg = SimpleNamespace(n_group=1, topk_group=1, num_experts_per_tok=k, norm_topk_prob=norm,
+                          routed_scaling_factor=2.5)
+    calls = []
+    real = moe._route_cpu
+    monkeypatch.setattr(moe, "_route_cpu", lambda *a: calls.append(1) or real(*a))
+    with torch.no_grad():
+        weights, ids = moe.route(x, gate, bias, experts, cfg)
+        monkeypatch.setattr(moe, "_route_cpu", lambda *a: None)
+        want_weights, want_ids = moe.route(x, gate, bias, experts, cfg)
+    assert calls and ids.dtype == want_ids.dtype
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(weights, want_weights, atol=1e-6, rtol=1e-5)
+
+
 @pytest.mark.parametrize("experts,channels,d", [(8, 48, 32), (6, 40, 32), (8, 9, 20), (7, 30, 300)])
 @pytest.mark.parametrize("n", [1, 3, 29])
 def test_the_routed_experts_sum_what_the_grouped_torch_path_sums(experts, channels, d, n, threads):

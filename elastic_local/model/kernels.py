@@ -203,7 +203,11 @@ def ssd_scan(x, dt, A, B, C, chunk: int, initial_state: torch.Tensor | None):
     if scan is None:
         lib = cpu_library(x, dt, A, B, C, initial_state)
         if lib is not None:
-            return _cpu_scan(lib, x, dt, A, B, C, initial_state)
+            b, T, G, r, p = x.shape
+            y = x.new_empty(b, T, G, r, p)
+            final = x.new_zeros(b, G, r, p, B.shape[-1]) if initial_state is None else initial_state.clone(
+                memory_format=torch.contiguous_format)
+            return _cpu_scan(lib, x, dt, A, None, B, C, y, final), final
         return ssd.ssd_chunked(x, dt, A, B, C, chunk, initial_state)
     b, T, G, r, p = x.shape
     N = B.shape[-1]
@@ -231,8 +235,10 @@ def _cpu_conv(lib, x, weight, bias, state):
     return out.to(torch.bfloat16) if half else out
 
 
-def _cpu_scan(lib, x, dt, A, B, C, initial_state):
-    """ssd_scan by step.c's ssm_scan: the recurrence token by token, one head's state in cache throughout."""
+def _cpu_scan(lib, x, dt, A, D, B, C, y, final) -> torch.Tensor:
+    """step.c's ssm_scan: the recurrence token by token, one head's state in cache throughout; fills and
+    returns y [b, T, G, r, p] (any strides, p contiguous), plus the D skip where D is given, and advances
+    `final` [b, G, r, p, N] (contiguous float32) in place, which it leaves untouched where it raises."""
     b, T, G, r, p = x.shape
     N = B.shape[-1]
     if x.stride(-1) != 1:
@@ -240,15 +246,34 @@ def _cpu_scan(lib, x, dt, A, B, C, initial_state):
     B, C = (t if t.stride(-1) == 1 else t.contiguous() for t in (B, C))
     if B.stride() != C.stride():
         B, C = B.contiguous(), C.contiguous()
-    y = x.new_empty(b, T, G, r, p)
-    final = x.new_zeros(b, G, r, p, N) if initial_state is None else initial_state.clone(
-        memory_format=torch.contiguous_format)
-    A = A.contiguous()
-    xs, dts, bcs = ((ctypes.c_int64 * n)(*t.stride()[:n]) for t, n in ((x, 4), (dt, 4), (B, 3)))
-    if lib.ssm_scan(x.data_ptr(), xs, dt.data_ptr(), dts, A.data_ptr(), B.data_ptr(), C.data_ptr(), bcs,
-                    y.data_ptr(), final.data_ptr(), b, T, G, r, p, N, torch.get_num_threads()):
-        raise MemoryError(f"out of memory for a {p}x{N} SSM state copy")
-    return y, final
+    A, D = A.contiguous(), None if D is None else D.contiguous()
+    xs, dts, bcs, ys = ((ctypes.c_int64 * n)(*t.stride()[:n]) for t, n in ((x, 4), (dt, 4), (B, 3), (y, 4)))
+    if lib.ssm_scan(x.data_ptr(), xs, dt.data_ptr(), dts, A.data_ptr(), _ptr(D), B.data_ptr(), C.data_ptr(), bcs,
+                    y.data_ptr(), ys, final.data_ptr(), b, T, G, r, p, N, torch.get_num_threads()):
+        raise MemoryError(f"out of memory for the threads' {p}x{N} SSM state copies")
+    return y
+
+
+def mamba_scan(x, dt, A, D, B, C, chunk: int, state: torch.Tensor | None) -> torch.Tensor:
+    """A Mamba2 mixer's scan over a prompt with its D skip: y [b, T, r * G * p] in the rank-major order of
+    its heads, which out_proj reads, with `state` [b, G, r, p, N] (None: zeros) advanced in place. Shapes as
+    ssd_scan's, D [G, r]. On the CPU one step.c pass writes y in that order and advances the cache's own
+    state (ssm_scan); elsewhere ssd_scan, then torch ops add the skip and reorder the heads."""
+    b, T, G, r, p = x.shape
+    lib = cpu_library(x, dt, A, D, B, C, state) if active().op("chunk_scan", x.device) is None else None
+    if lib is None:
+        y, final = ssd_scan(x, dt, A, B, C, chunk, state)
+        if state is not None:
+            state.copy_(final)
+        return (y + D[..., None] * x).transpose(2, 3).reshape(b, T, r * G * p)
+    y = x.new_empty(b, T, r, G, p)
+    final = x.new_zeros(b, G, r, p, B.shape[-1]) if state is None else state
+    if not final.is_contiguous():
+        final = final.contiguous()
+    _cpu_scan(lib, x, dt, A, D, B, C, y.transpose(2, 3), final)
+    if state is not None and final is not state:
+        state.copy_(final)
+    return y.view(b, T, r * G * p)
 
 
 def ssm_step(ssm: torch.Tensor, x, dt, A, B, C) -> torch.Tensor:

@@ -97,11 +97,9 @@ def mamba_mixer(x: torch.Tensor, w: MambaWeights, heads: int, cfg, state: MambaS
     C = C.float().view(bsz, T, G, N)
     if state is not None and T == 1:
         y = kernels.ssm_step(state.ssm, xs[:, 0], dt[:, 0], A, B[:, 0], C[:, 0])[:, None]
+        y = (y + D[..., None] * xs).transpose(2, 3).reshape(bsz, T, k * p)
     else:
-        y, final = kernels.ssd_scan(xs, dt, A, B, C, cfg.chunk_size, None if state is None else state.ssm)
-        if state is not None:
-            state.ssm.copy_(final)
-    y = (y + D[..., None] * xs).transpose(2, 3).reshape(bsz, T, k * p)
+        y = kernels.mamba_scan(xs, dt, A, D, B, C, cfg.chunk_size, None if state is None else state.ssm)
     if soft is None:
         y = _gated_norm(y, z, w.norm[: k * p].float(), G, p, cfg.layer_norm_epsilon)
     else:

@@ -51,6 +51,8 @@ def route(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, experts: int,
     expert is chosen as if its score were lowered by log(kept) and its output is weighed by it, so a kept
     expert (1) routes as usual and a dropped one (0) is never chosen: the prefix the runtime routes within."""
     d = x.shape[-1]
+    if kept is None and cfg.n_group == 1 and (out := _route_cpu(x, gate, bias, experts, cfg)) is not None:
+        return out
     scores = torch.sigmoid(F.linear(x.float(), gate[:experts, :d]))
     choice = scores + bias[:experts]
     if kept is not None:
@@ -70,6 +72,22 @@ def route(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, experts: int,
     if kept is not None:
         weights = weights * kept.float()[ids]
     return weights * cfg.routed_scaling_factor, ids
+
+
+def _route_cpu(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, experts: int, cfg):
+    """route by step.c's route_rows (the decode step's router, a token per call there), or None where it does
+    not run: another device, a router not float32, or gradients to compute."""
+    (n, d), k = x.shape, cfg.num_experts_per_tok
+    g, b = gate[:experts, :d], bias[:experts]
+    lib = kernels.cpu_library(g, b, x, bf16=True)
+    if lib is None or g.dtype != torch.float32 or b.dtype != torch.float32 or g.stride(1) != 1 or k > experts:
+        return None
+    x, b = x.float().contiguous(), b.contiguous()
+    ids, weights = torch.empty(n, k, dtype=torch.int64), torch.empty(n, k)
+    lib.route_rows(x.data_ptr(), n, d, g.data_ptr(), g.stride(0), b.data_ptr(), experts, k,
+                   int(cfg.norm_topk_prob), cfg.routed_scaling_factor, ids.data_ptr(), weights.data_ptr(),
+                   torch.get_num_threads())
+    return weights, ids
 
 
 def moe(x: torch.Tensor, w: MoEWeights, experts: int, channels: int, shared_channels: int, cfg,

@@ -876,6 +876,18 @@ static void route(const moe *L, const float *x, int64_t *ids, float *w) {
     for (int64_t i = 0; i < k; i++) w[i] = (L->norm_top_k ? w[i] / (total + 1e-20f) : w[i]) * L->scaling;
 }
 
+/* route for each of n tokens x [n, d] (contiguous) into ids [n, k] and w [n, k]: a prompt's routing, by the
+   decode step's code (torch ran it as a matmul, a sigmoid, a topk and five more ops: 0.27 ms a 128-token
+   100m layer, 2-3% of the prompt). gate [E, ld_gate], bias [E]. 0. */
+int route_rows(const float *x, int64_t n, int64_t d, const float *gate, int64_t ld_gate, const float *bias,
+               int64_t E, int64_t k, int64_t norm_top_k, float scaling, int64_t *ids, float *w, int threads) {
+    const moe L = {.gate = gate, .bias = bias, .d = d, .experts = E, .top_k = k, .ld_gate = ld_gate,
+                   .norm_top_k = norm_top_k, .scaling = scaling};
+    #pragma omp parallel for schedule(static) num_threads(threads) if (n * E * d >= 1 << 16)
+    for (int64_t t = 0; t < n; t++) route(&L, x + t * d, ids + t * k, w + t * k);
+    return 0;
+}
+
 /* max(v, 0)^2 in place, 8 at a time: as `v > 0 ? v * v : 0` the compiler kept a branch and one float at a
    time (about 2 us of a full demo token). vmaxps returns its second operand, 0, for a NaN or a -0, as the
    scalar form does, so the bits are the same. */
@@ -1253,31 +1265,29 @@ static void ssm_token_t(float *sT, int64_t p, int64_t N, float a, float d, const
     for (; e < p; e += 8) ssm_rows_t(1, sT + e, p, N, va, vd, x + e, B, C, y + e);
 }
 
-/* y [b, T, G, r, p] (contiguous) of h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t, y_t = C_t.h_t, each head's
-   state starting at `final` [b, G, r, p, N] (contiguous; the caller fills it with the initial state or
-   zeros) and ending there. Strides in floats: x over (b, t, g, r) with p contiguous, dt over (b, t, g, r),
-   B and C over (b, t, g) with N contiguous; A [G, r] contiguous, dt after softplus. One head per thread
-   at a time: its p x N state stays in cache for the whole prompt (transposed while it runs, where p is a
-   multiple of 8). Returns -1 where that copy could not be allocated. */
+/* y_t = C_t.h_t (+ D x_t) of h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t, each head's state starting at
+   `final` [b, G, r, p, N] (contiguous; the caller fills it with the initial state or zeros, or passes a
+   cache's own state) and ending there. Strides in floats: x and y over (b, t, g, r) with p contiguous (y
+   rank-major, [b, T, r, G, p], is the layout out_proj reads: the D skip and that transpose cost a 100m
+   prompt's Mamba layer two torch ops and a copy), dt over (b, t, g, r), B and C over (b, t, g) with N
+   contiguous; A and D [G, r] contiguous (D NULL: no skip), dt after softplus. One head per thread at a
+   time: its p x N state stays in cache for the whole prompt (transposed while it runs, where p is a
+   multiple of 8). Returns -1, `final` untouched, where those copies could not be allocated. */
 int ssm_scan(const float *x, const int64_t *xs, const float *dt, const int64_t *dts, const float *A,
-             const float *B, const float *C, const int64_t *bcs, float *y, float *final, int64_t b, int64_t T,
-             int64_t G, int64_t r, int64_t p, int64_t N, int threads) {
+             const float *D, const float *B, const float *C, const int64_t *bcs, float *y, const int64_t *ys,
+             float *final, int64_t b, int64_t T, int64_t G, int64_t r, int64_t p, int64_t N, int threads) {
     const int wide = p % 8 == 0;
-    int failed = 0;
+    float *copies = wide ? malloc(sizeof(float) * p * N * (threads > 0 ? threads : 1)) : NULL;
+    if (wide && !copies) return -1;
     #pragma omp parallel num_threads(threads)
     {
-        float *sT = wide ? malloc(sizeof(float) * p * N) : NULL;
-        if (wide && !sT) {
-            #pragma omp atomic write
-            failed = 1;
-        }
+        float *sT = copies ? copies + p * N * thread_here() : NULL;
         #pragma omp for collapse(3) schedule(static)
         for (int64_t i = 0; i < b; i++)
             for (int64_t g = 0; g < G; g++)
                 for (int64_t q = 0; q < r; q++) {
-                    if (wide && !sT) continue;
                     float *h = final + (((i * G + g) * r + q) * p) * N;
-                    const float a = A[g * r + q];
+                    const float a = A[g * r + q], skip = D ? D[g * r + q] : 0.f;
                     if (sT)
                         for (int64_t e = 0; e < p; e++)
                             for (int64_t n = 0; n < N; n++) sT[n * p + e] = h[e * N + n];
@@ -1286,18 +1296,20 @@ int ssm_scan(const float *x, const int64_t *xs, const float *dt, const int64_t *
                         const float decay = expf(d * a), *xt = x + i * xs[0] + t * xs[1] + g * xs[2] + q * xs[3];
                         const float *Bt = B + i * bcs[0] + t * bcs[1] + g * bcs[2];
                         const float *Ct = C + i * bcs[0] + t * bcs[1] + g * bcs[2];
-                        float *yt = y + (((i * T + t) * G + g) * r + q) * p;
+                        float *yt = y + i * ys[0] + t * ys[1] + g * ys[2] + q * ys[3];
                         if (sT) ssm_token_t(sT, p, N, decay, d, xt, Bt, Ct, yt);
                         else
                             for (int64_t e = 0; e < p; e++) yt[e] = ssm_row(h + e * N, decay, d * xt[e], Bt, Ct, N);
+                        if (D) /* as the decode step adds it (ssm_head): one fused multiply-add */
+                            for (int64_t e = 0; e < p; e++) yt[e] = fmaf(skip, xt[e], yt[e]);
                     }
                     if (sT)
                         for (int64_t e = 0; e < p; e++)
                             for (int64_t n = 0; n < N; n++) h[e * N + n] = sT[n * p + e];
                 }
-        free(sT);
     }
-    return failed ? -1 : 0;
+    free(copies);
+    return 0;
 }
 
 /* ------------------------------------------------------------------- MoE experts over a prompt */
