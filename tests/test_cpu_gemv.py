@@ -102,6 +102,18 @@ def test_fp8_and_nvfp4_equal_the_dequantized_matmul(shape, rows):
                                    rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("rows", [4, 13, 130])
+@pytest.mark.parametrize("shape", [(50, 784), (30, 1040)])
+def test_a_float32_prompt_decodes_packed_weights_a_block_of_inputs_at_a_time(shape, rows, threads):
+    """gemv.c's panels: each 24-row panel decoded 256 inputs at a time, a last block of 16 (a part of
+    NVFP4's 64-input groups), past one 128-row block of x."""
+    w = weight(shape, seed=2)
+    x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
+    for q in (quantize_fp8(w), quantize_nvfp4(w)):
+        assert q.kernel_name("cpu", rows=rows) == "cpu_gemv"
+        torch.testing.assert_close(q.linear(x), F.linear(x, q.dequantize(torch.float32)), rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("size", [1e-3, 100.0, 300.0, 1e6, 1e30])
 def test_fp8_decode_product_holds_for_inputs_of_any_size(size):
     """The one-row product scales x by a power of two that keeps x times it finite (exactly 2^120 while

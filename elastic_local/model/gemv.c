@@ -685,38 +685,47 @@ static void rows_to_columns(const float *r, int64_t K, float scale, float *P) {
         for (int i = 0; i < 8; i++) P[k * PW + i] = r[i * K + k] * scale;
 }
 
-/* y[:, n0:n1] = x W[n0:n1]^T * scale, W's rows ldw bytes apart (NVFP4's scales lds bytes): 24 weight rows at
-   a time decoded (eight at a time, then transposed in registers, their scale folded in) into a panel
-   P [K, 24], which the blocked product's tiles then run over, KC rows of it at a time (each decode serves
-   every row of x, each load of the panel four of them). The transpose replaced a scalar store per value:
-   0.98-1.15x, 1.05x geometric mean, on 128-token FP8 / NVFP4 prompts (six A/B runs, docs/decode-speed.md).
-   Returns 0 where the panel could not be allocated, and the caller takes the dot products. */
-static void decode_panel(int format, const void *w, const uint8_t *scales, int64_t K, int64_t ldw, int64_t lds,
-                         float scale, int64_t n, int64_t cols, float *rows, float *P) {
-    for (int64_t g = 0; g < PW; g += 8) { /* eight weight rows decoded, then transposed into the panel */
+/* Inputs [k0, k0 + kc) of 24 weight rows from row n (`cols` of them; zeros past) decoded, eight rows at a time,
+   then transposed in registers with `scale` folded in, into P [kc, 24]. k0 a multiple of 64 (NVFP4's
+   64-input groups, which x is permuted by). The transpose replaced a scalar store per value: 0.98-1.15x,
+   1.05x geometric mean, on 128-token FP8 / NVFP4 prompts (six A/B runs, docs/decode-speed.md). */
+static void decode_panel(int format, const void *w, const uint8_t *scales, int64_t k0, int64_t kc, int64_t ldw,
+                         int64_t lds, float scale, int64_t n, int64_t cols, float *rows, float *P) {
+    const int64_t at = format == PANEL_F32 ? 4 * k0 : format == PANEL_BF16 ? 2 * k0 : format == PANEL_FP8 ? k0
+                       : k0 / 2; /* the bytes of a row before input k0 */
+    for (int64_t g = 0; g < PW; g += 8) {
         for (int64_t j = g; j < g + 8; j++) {
             if (j < cols)
-                decode_row(format, (const uint8_t *)w + (n + j) * ldw, scales ? scales + (n + j) * lds : NULL, K,
-                           rows + (j - g) * K);
+                decode_row(format, (const uint8_t *)w + (n + j) * ldw + at,
+                           scales ? scales + (n + j) * lds + k0 / 16 : NULL, kc, rows + (j - g) * kc);
             else
-                memset(rows + (j - g) * K, 0, sizeof(float) * K);
+                memset(rows + (j - g) * kc, 0, sizeof(float) * kc);
         }
-        rows_to_columns(rows, K, scale, P + g);
+        rows_to_columns(rows, kc, scale, P + g);
     }
 }
 
+/* y[:, n0:n1] = x W[n0:n1]^T * scale, W's rows ldw bytes apart (NVFP4's scales lds bytes): each panel of 24
+   weight rows decoded KC inputs at a time (decode_panel) into P [KC, 24], which the blocked product's tiles
+   run over at once, every row of x (MC at a time, four to a tile), so each decode serves all of them. A
+   block is 24 KiB, in L1 while the tiles read it: the whole panel decoded first, [K, 24] (72 KiB at K 768),
+   was written to L2 and read back from there, which made a 16-row NVFP4 expert product of K 768 1.75x the
+   float32 one (gemv.c alone, one thread; 1.3x at K 128). Returns 0 where the panel could not be allocated,
+   and the caller takes the dot products. */
 static int panels(int format, const float *x, const void *w, const uint8_t *scales, float *y, int64_t M,
                   int64_t N, int64_t K, int64_t ldw, int64_t lds, float scale, int64_t n0, int64_t n1) {
-    float *P = aligned_alloc(32, sizeof(float) * ((PW * K + 8 * K + 4 * PW + 7) / 8 * 8));
+    float *P = aligned_alloc(32, sizeof(float) * (PW * KC + 8 * KC + 4 * PW));
     if (!P) return 0;
-    float *rows = P + PW * K, *c = rows + 8 * K;
+    float *rows = P + PW * KC, *c = rows + 8 * KC;
     for (int64_t n = n0; n < n1; n += PW) {
         const int64_t cols = n1 - n < PW ? n1 - n : PW;
-        decode_panel(format, w, scales, K, ldw, lds, scale, n, cols, rows, P);
-        for (int64_t m0 = 0; m0 < M; m0 += MC)
-            for (int64_t k0 = 0; k0 < K; k0 += KC)
-                panel_product(x + m0 * K + k0, K, M - m0 < MC ? M - m0 : MC, P + PW * k0, K - k0 < KC ? K - k0 : KC,
-                              y + m0 * N + n, N, 0, cols, k0 > 0, c);
+        for (int64_t k0 = 0; k0 < K; k0 += KC) {
+            const int64_t kc = K - k0 < KC ? K - k0 : KC;
+            decode_panel(format, w, scales, k0, kc, ldw, lds, scale, n, cols, rows, P);
+            for (int64_t m0 = 0; m0 < M; m0 += MC)
+                panel_product(x + m0 * K + k0, K, M - m0 < MC ? M - m0 : MC, P, kc, y + m0 * N + n, N, 0, cols,
+                              k0 > 0, c);
+        }
     }
     free(P);
     return 1;
@@ -741,7 +750,7 @@ BF16_DOT static int packed_bf16x(int format, const uint16_t *x, const void *w, c
     scale *= format == PANEL_NVFP4 ? 16384.f * 256.f : format == PANEL_FP8 ? 256.f : 1.f; /* decode_*'s 2^-22, 2^-8 */
     for (int64_t n = n0; n < n1; n += PW) {
         const int64_t cols = n1 - n < PW ? n1 - n : PW;
-        decode_panel(format, w, scales, K, ldw, lds, 1.f, n, cols, rows, P);
+        decode_panel(format, w, scales, 0, K, ldw, lds, 1.f, n, cols, rows, P);
         for (int64_t j = 0; j < K / 2; j++) /* rows 2j, 2j + 1 of P -> lanes (w[2j][c], w[2j + 1][c]) */
             for (int v = 0; v < 3; v++) {
                 const __m256i a0 = _mm256_load_si256((const __m256i *)(P + 2 * j * PW + 8 * v)),
