@@ -552,7 +552,7 @@ BF16_DOT static inline __attribute__((always_inline)) void tile_bf16(int R, cons
 }
 
 /* Every row of x over one re-paired panel, MR at a time, the last ones on a tile of their own count; the
-   sums times `scale` (1: accumulating into c with `add`). */
+   sums (with `add`, continuing c's) times `scale`. */
 BF16_DOT static void rows_bf16(int64_t m, const uint16_t *x, int64_t ldx, const uint32_t *pp, int64_t pairs,
                                float *c, int64_t ldc, int add, float scale) {
     int64_t i = 0;
@@ -733,41 +733,51 @@ static int panels(int format, const float *x, const void *w, const uint8_t *scal
 
 #ifdef BF16_DOT
 /* y[:, n0:n1] = x W[n0:n1]^T * scale for bf16 x (NVFP4's permuted) and packed FP8 / NVFP4 rows (or bf16
-   ones, `format` PANEL_BF16): each panel decoded as `panels` decodes it, unscaled (a packed value has at
-   most 6 significant bits: exact in bf16), re-paired and run on the bf16 dots, the scale multiplying the
-   sums. 0 where the panel could not be allocated. */
+   ones, `format` PANEL_BF16): each panel decoded as `panels` decodes it, KC inputs at a time and unscaled (a
+   packed value has at most 6 significant bits: exact in bf16), re-paired and run on the bf16 dots while the
+   block is in L1. The sums carry over from block to block through y (float32 stores: each output's sum
+   runs in the order one block would sum it), and the last block's tiles multiply them by the scale. 0
+   where the blocks could not be allocated. */
 BF16_DOT static int packed_bf16x(int format, const uint16_t *x, const void *w, const uint8_t *scales, float *y,
                                  int64_t M, int64_t N, int64_t K, int64_t ldw, int64_t lds, float scale, int64_t n0,
                                  int64_t n1) {
-    float *P = aligned_alloc(32, sizeof(float) * ((PW * K + 8 * K + 7) / 8 * 8));
-    uint32_t *pp = malloc(sizeof(uint32_t) * (K / 2) * PW);
+    float *P = aligned_alloc(32, sizeof(float) * (PW * KC + 8 * KC));
+    uint32_t *pp = malloc(sizeof(uint32_t) * (KC / 2) * PW);
     if (!P || !pp) {
         free(P), free(pp);
         return 0;
     }
-    float *rows = P + PW * K, c[MR * PW];
+    float *rows = P + PW * KC, c[MR * PW];
     const __m256i high = _mm256_set1_epi32((int)0xFFFF0000);
     scale *= format == PANEL_NVFP4 ? 16384.f * 256.f : format == PANEL_FP8 ? 256.f : 1.f; /* decode_*'s 2^-22, 2^-8 */
     for (int64_t n = n0; n < n1; n += PW) {
         const int64_t cols = n1 - n < PW ? n1 - n : PW;
-        decode_panel(format, w, scales, 0, K, ldw, lds, 1.f, n, cols, rows, P);
-        for (int64_t j = 0; j < K / 2; j++) /* rows 2j, 2j + 1 of P -> lanes (w[2j][c], w[2j + 1][c]) */
-            for (int v = 0; v < 3; v++) {
-                const __m256i a0 = _mm256_load_si256((const __m256i *)(P + 2 * j * PW + 8 * v)),
-                              a1 = _mm256_load_si256((const __m256i *)(P + (2 * j + 1) * PW + 8 * v));
-                _mm256_storeu_si256((__m256i *)(pp + j * PW + 8 * v),
-                                    _mm256_or_si256(_mm256_srli_epi32(a0, 16), _mm256_and_si256(a1, high)));
-            }
-        for (int64_t m0 = 0; m0 < M; m0 += MC) {
-            const int64_t m = M - m0 < MC ? M - m0 : MC;
-            if (cols == PW) {
-                rows_bf16(m, x + m0 * K, K, pp, K / 2, y + m0 * N + n, N, 0, scale);
-                continue;
-            }
-            for (int64_t i = 0; i < m; i += MR) {
-                const int64_t r = m - i < MR ? m - i : MR;
-                rows_bf16(r, x + (m0 + i) * K, K, pp, K / 2, c, PW, 0, scale);
-                for (int64_t t = 0; t < r; t++) memcpy(y + (m0 + i + t) * N + n, c + t * PW, sizeof(float) * cols);
+        for (int64_t k0 = 0; k0 < K; k0 += KC) {
+            const int64_t kc = K - k0 < KC ? K - k0 : KC, add = k0 > 0;
+            const float s = k0 + kc == K ? scale : 1.f;
+            decode_panel(format, w, scales, k0, kc, ldw, lds, 1.f, n, cols, rows, P);
+            for (int64_t j = 0; j < kc / 2; j++) /* rows 2j, 2j + 1 of P -> lanes (w[2j][c], w[2j + 1][c]) */
+                for (int v = 0; v < 3; v++) {
+                    const __m256i a0 = _mm256_load_si256((const __m256i *)(P + 2 * j * PW + 8 * v)),
+                                  a1 = _mm256_load_si256((const __m256i *)(P + (2 * j + 1) * PW + 8 * v));
+                    _mm256_storeu_si256((__m256i *)(pp + j * PW + 8 * v),
+                                        _mm256_or_si256(_mm256_srli_epi32(a0, 16), _mm256_and_si256(a1, high)));
+                }
+            for (int64_t m0 = 0; m0 < M; m0 += MC) {
+                const int64_t m = M - m0 < MC ? M - m0 : MC;
+                const uint16_t *xs = x + m0 * K + k0;
+                if (cols == PW) {
+                    rows_bf16(m, xs, K, pp, kc / 2, y + m0 * N + n, N, add, s);
+                    continue;
+                }
+                for (int64_t i = 0; i < m; i += MR) {
+                    const int64_t r = m - i < MR ? m - i : MR;
+                    float *ys = y + (m0 + i) * N + n;
+                    for (int64_t t = 0; t < r && add; t++)
+                        for (int64_t u = 0; u < PW; u++) c[t * PW + u] = u < cols ? ys[t * N + u] : 0.f;
+                    rows_bf16(r, xs + i * K, K, pp, kc / 2, c, PW, add, s);
+                    for (int64_t t = 0; t < r; t++) memcpy(ys + t * N, c + t * PW, sizeof(float) * cols);
+                }
             }
         }
     }
