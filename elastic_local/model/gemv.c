@@ -709,9 +709,9 @@ static void decode_panel(int format, const void *w, const uint8_t *scales, int64
    weight rows decoded KC inputs at a time (decode_panel) into P [KC, 24], which the blocked product's tiles
    run over at once, every row of x (MC at a time, four to a tile), so each decode serves all of them. A
    block is 24 KiB, in L1 while the tiles read it: the whole panel decoded first, [K, 24] (72 KiB at K 768),
-   was written to L2 and read back from there, which made a 16-row NVFP4 expert product of K 768 1.75x the
-   float32 one (gemv.c alone, one thread; 1.3x at K 128). Returns 0 where the panel could not be allocated,
-   and the caller takes the dot products. */
+   was written to L2 and read back from there, which made a 16-row NVFP4 expert product of K 768 take
+   1.4-1.75x the float32 one's time (gemv.c alone, one thread, three runs; 1.3x at K 128). Returns 0 where
+   the panel could not be allocated, and the caller takes the dot products. */
 static int panels(int format, const float *x, const void *w, const uint8_t *scales, float *y, int64_t M,
                   int64_t N, int64_t K, int64_t ldw, int64_t lds, float scale, int64_t n0, int64_t n1) {
     float *P = aligned_alloc(32, sizeof(float) * (PW * KC + 8 * KC + 4 * PW));

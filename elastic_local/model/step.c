@@ -1382,10 +1382,7 @@ int experts_prefill(const float *x, int64_t n, int64_t d, const int64_t *ids, co
     sort_pairs(ids, S, k, E, start, row_of, token_of);
     #pragma omp parallel num_threads(threads)
     {
-        float *scratch = scratches;
-#ifdef _OPENMP
-        scratch += each * omp_get_thread_num();
-#endif
+        float *scratch = scratches + each * thread_here();
         float *row = scratch + gemm_p_scratch;
         #pragma omp for schedule(static)
         for (int64_t q = 0; q < S; q++) {
@@ -1490,10 +1487,7 @@ int experts_prefill_bf16(const uint16_t *x, int64_t n, int64_t d, const int64_t 
     int failed = 0;
     #pragma omp parallel num_threads(threads)
     {
-        float *t = temps;
-#ifdef _OPENMP
-        t += (EXPERT_ROWS + 2) * wide * (omp_get_thread_num() < team ? omp_get_thread_num() : 0);
-#endif
+        float *t = temps + (EXPERT_ROWS + 2) * wide * thread_here(); /* libgomp gives at most `threads` */
         float *row = t + EXPERT_ROWS * wide; /* [2 wide]: a row being permuted */
         #pragma omp for schedule(static)
         for (int64_t q = 0; q < S; q++) {
