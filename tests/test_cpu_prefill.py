@@ -202,6 +202,21 @@ def test_a_mixer_s_scan_adds_the_skip_in_its_heads_order_and_advances_the_cache_
         torch.testing.assert_close(state, final_ref, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("start", ["state", "strided state"])
+def test_a_scan_without_memory_for_its_state_copies_says_so_and_leaves_the_cache_s_state(start, monkeypatch):
+    """ssm_scan allocates every thread's state copy before any thread starts, so where that fails (here a
+    team so large that no address space holds the copies: 2^31 - 1 threads of a 128x256 state, 2^48
+    bytes) a MemoryError names them and the cache's state is as it was, not half advanced."""
+    x, dt, A, B, C, init = scan_inputs(1, 5, 1, 2, 128, 256)
+    state = init.clone()
+    if start == "strided state":
+        state = state.transpose(-1, -2).contiguous().transpose(-1, -2)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2**31 - 1)
+    with torch.no_grad(), pytest.raises(MemoryError, match="128x256 SSM state copies"):
+        kernels.mamba_scan(x, dt, A, torch.ones(1, 2), B, C, 8, state)
+    assert torch.equal(state, init)
+
+
 @pytest.mark.parametrize("experts,d,k", [(8, 32, 2), (6, 20, 3), (32, 300, 4)])
 @pytest.mark.parametrize("norm", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
