@@ -1,7 +1,7 @@
 """Do smaller budgets decode faster in proportion to the bytes they read? The CPU decode paths side by side.
 
     .venv/bin/python benchmarks/bench_budgets.py [--models demo,gen,gen16] [--reps 5] [--new-tokens 48] [--threads 1]
-                                                 [--compile] [--bf16]
+                                                 [--variants torch,kernels,stepwise,rows] [--compile] [--bf16]
 
 Models: the embedded demo model (5.6M parameters, budgets full / mid / small) and bench_generate.py's
 ~136M random nested model (full / mid / small at 60% and 35% of the parameters; built once under
@@ -21,6 +21,8 @@ bytes `read/token` counts, so the same ratios). Each is loaded in float32 once p
               ahead in C
 Batch-1 greedy decode of --new-tokens tokens after a 32-token prompt, eos ignored, through
 `m.generate`; runs interleaved (rep, budget, variant) because the machine is shared and noisy; medians.
+`--variants kernels` runs a rep's budgets back to back (milliseconds apart on the demo, where all four
+variants put a torch run of hundreds of ms between them): the tightest pairs, for the efficiency alone.
 
 Columns: `read/token` is the weight bytes a decoded token reads (active parameters: the routed experts it
 uses, not the embedding table); `speed-up` is tok/s against the same variant's full budget; `efficiency`
@@ -110,12 +112,14 @@ def bench(name: str, path: Path | None, args) -> dict:
 
     if gemv.library() is None:
         raise SystemExit("the CPU decode kernels are unavailable here (see the warning): nothing to compare")
-    variants = ("torch", "kernels", "stepwise", "rows") + (("compiled",) if args.compile else ()) \
+    variants = tuple(args.variants.split(",")) + (("compiled",) if args.compile else ()) \
         + (("bf16",) if args.bf16 else ())
     models = {v: load(path, v) for v in variants if v != "stepwise"}
     models["stepwise"] = models["kernels"]  # the same weights, the engine set otherwise
     budgets = models["kernels"].budgets
-    diff = (step_logits(models["torch"], False) - step_logits(models["kernels"], True)).abs().max().item()
+    torch_model = models["torch"] if "torch" in models else load(path, "torch")
+    diff = (step_logits(torch_model, False) - step_logits(models["kernels"], True)).abs().max().item()
+    del torch_model
     for v, m in models.items():  # warm-up
         for b in budgets:
             decode_tok_s(m, b, 4, v)
@@ -136,15 +140,16 @@ def bench(name: str, path: Path | None, args) -> dict:
             tok_s = median(runs[v, b])
             speedup = tok_s / median(runs[v, full])
             row[v] = {"tok_s": tok_s, "speedup": speedup, "efficiency": speedup / ideal}
-        row["kernels_over_torch"] = row["kernels"]["tok_s"] / row["torch"]["tok_s"]
-        row["kernels_over_stepwise"] = row["kernels"]["tok_s"] / row["stepwise"]["tok_s"]
-        row["rows_over_torch"] = row["rows"]["tok_s"] / row["torch"]["tok_s"]
-        if "compiled" in variants:
-            row["compiled_over_torch"] = row["compiled"]["tok_s"] / row["torch"]["tok_s"]
+        for a, b_ in RATIOS:
+            if a in variants and b_ in variants:
+                row[f"{a}_over_{b_}"] = row[a]["tok_s"] / row[b_]["tok_s"]
         # the kernels' efficiency rep by rep, beside that rep's meeting time
         row["kernels_by_rep"] = [k / f / ideal for k, f in zip(runs["kernels", b], runs["kernels", full])]
         rows.append(row)
     return {"rows": rows, "max_logit_diff": diff, "variants": variants, "meet_ns": meets}
+
+
+RATIOS = (("kernels", "torch"), ("rows", "torch"), ("kernels", "stepwise"), ("compiled", "torch"))
 
 
 def meeting_ns(threads: int) -> float:
@@ -176,9 +181,15 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--variants", default="torch,kernels,stepwise,rows",
+                    help="which of torch, kernels, stepwise, rows to run (kernels always)")
     ap.add_argument("--compile", action="store_true", help="also the default with a compiled decode step")
     ap.add_argument("--bf16", action="store_true", help="also the default loaded in bfloat16")
     args = ap.parse_args()
+    unknown = set(args.variants.split(",")) - {"torch", "kernels", "stepwise", "rows"}
+    if unknown or "kernels" not in args.variants.split(","):
+        raise SystemExit(f"--variants: {', '.join(sorted(unknown)) or 'kernels missing'} (torch, kernels, "
+                         "stepwise, rows; kernels always)")
     torch.set_num_threads(args.threads)
     results = {}
     for name in args.models.split(","):
@@ -196,25 +207,25 @@ def main() -> None:
           "speed-up vs the full budget (efficiency = speed-up / bytes ratio)")
     for name, res in results.items():
         variants = res["variants"]
+        ratios = [f"{a}_over_{b}" for a, b in RATIOS if a in variants and b in variants]
         print(f"{'model':6} {'budget':7} {'read/token':>10} {'ideal':>6} | "
               + " | ".join(f"{v + ' tok/s':>14} {'speed-up':>8} {'eff.':>5}" for v in variants)
-              + f" | {'kernels/torch':>13} | {'rows/torch':>10} | {'kernels/stepwise':>16}"
-              + (f" | {'compiled/torch':>14}" if "compiled" in variants else ""))
+              + "".join(f" | {k.replace('_over_', '/'):>16}" for k in ratios))
         for r in res["rows"]:
             cells = [f"{r[v]['tok_s']:14.1f} {r[v]['speedup']:7.2f}x {r[v]['efficiency']:5.2f}" for v in variants]
             print(f"{name:6} {r['budget']:7} {r['read_bytes'] / 2**20:8.1f}MB {r['ideal_speedup']:5.2f}x | "
-                  + " | ".join(cells) + f" | {r['kernels_over_torch']:12.2f}x | {r['rows_over_torch']:9.2f}x"
-                  + f" | {r['kernels_over_stepwise']:15.2f}x"
-                  + (f" | {r['compiled_over_torch']:13.2f}x" if "compiled" in variants else ""))
+                  + " | ".join(cells) + "".join(f" | {r[k]:15.2f}x" for k in ratios))
         print(f"{name:6} max |logit difference| of a decode step, kernels against torch: "
               f"{res['max_logit_diff']:.2e}")
         m = res["meet_ns"]
         print(f"{name:6} a meeting of the C step's {args.threads} thread(s): {min(m):.0f}-{max(m):.0f} ns across the "
               f"reps (median {median(m):.0f}); each token passes two dozen")
-        if args.threads > 1:
-            for r in res["rows"][1:]:
-                if split := by_meeting(m, r["kernels_by_rep"]):
-                    print(f"{name:6} {r['budget']:7} kernels efficiency rep by rep: {split}")
+        for r in res["rows"][1:]:
+            effs = sorted(r["kernels_by_rep"])
+            line = f"median {median(effs):.2f}, {effs[0]:.2f}-{effs[-1]:.2f}"
+            if args.threads > 1 and (split := by_meeting(m, r["kernels_by_rep"])):
+                line += f"; {split}"
+            print(f"{name:6} {r['budget']:7} kernels efficiency rep by rep (against the rep's full budget): {line}")
     print(json.dumps({"args": vars(args), "results": results}))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import torch
 
 from ..checkpoint.load import load_network
 from ..elastic.table import read_budgets
-from ..model import gemv
+from ..model import gemv, pages
 from ..model.config import NemotronHConfig
 from ..model.schema import stored_budget
 from ..paths import default_model
@@ -86,12 +87,17 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     net = load_network(path, resident=resident, stored=stored_budget(cfg), dtype=dtype, device=device,
                        progress=progress, precision=precision, keep=keep,
                        linear_dtype=torch.bfloat16 if panels else None)
-    if panels:
-        # panels where the kernels run (a float32 load without them: linear.Transposed), so the first run
-        # after an install waits here for the build `prebuild` started (about 2 s)
-        if progress is not None and gemv.building():
-            progress(0, 1, "building the CPU kernels (once per install)")
-        net.transpose_weights(panels=gemv.library() is not None)
+    resident_bytes = sum(t.numel() * t.element_size() for t in net.tensors())
+    with pages.arena(resident_bytes) if net.device.type == "cpu" else contextlib.nullcontext():
+        if panels:
+            # panels where the kernels run (a float32 load without them: linear.Transposed), so the first run
+            # after an install waits here for the build `prebuild` started (about 2 s)
+            if progress is not None and gemv.building():
+                progress(0, 1, "building the CPU kernels (once per install)")
+            net.transpose_weights(panels=gemv.library() is not None)
+        # what decode streams and the panels did not take (FP8 / NVFP4 codes) into huge pages too; not an
+        # embedding of which a token reads one row
+        pages.settle([t for t in net.tensors() if t is not net.embed or net.lm_head is net.embed])
     if compile:
         net.compile_decode()
     if cuda_graphs or (cuda_graphs is None and not compile and net.device.type == "cuda"):

@@ -14,7 +14,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from . import gemv, kernels
+from . import gemv, kernels, pages
 
 
 def block(w, r0: int, r1: int, cols: int):
@@ -157,7 +157,8 @@ class Panels:
     def of(cls, w: torch.Tensor) -> Panels:
         *lead, out, inp = w.shape
         whole, rest = divmod(out, PANEL)
-        p = w.new_zeros(*lead, whole + (rest > 0), inp, PANEL)  # peak: w and p
+        shape = (*lead, whole + (rest > 0), inp, PANEL)  # peak: w and p
+        p = pages.zeros(shape, w.dtype) if w.device.type == "cpu" else w.new_zeros(shape)
         fill = _fill_paired if w.dtype == torch.bfloat16 else torch.Tensor.copy_
         fill(p[..., :whole, :, :], w[..., :whole * PANEL, :].unflatten(-2, (whole, PANEL)).transpose(-1, -2))
         if rest:
