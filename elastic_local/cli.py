@@ -183,6 +183,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     k = d["kernels"]
     print(f"  kernels   on {k['device']}: scan {k['mamba_scan']}, conv {k['mamba_conv']}, linear {k['linear']}")
     print(f"            decode step: {k['decode_step']}")
+    if "weights" in k:
+        print(f"            weights in {k['weights']}")
     if "note" in k:
         print(f"            {k['note']}")
     return 0

@@ -24,6 +24,7 @@ def test_info_json_counts_match_the_tensors_in_the_file(tmp_path, capsys):
     assert "column panels" in d["kernels"]["linear"]
     assert ("bf16 dot products" in d["kernels"]["linear"]) == gemv.bf16_dot()  # what this CPU has
     assert d["kernels"]["decode_step"].startswith("in C, one call per token")
+    assert d["kernels"]["weights"].startswith("4 KiB pages")  # a tiny model stays in the CPU's caches
 
 
 def test_info_names_cuda_graphs_as_the_decode_step_on_a_gpu(tmp_path, capsys, monkeypatch):

@@ -98,6 +98,17 @@ def test_without_huge_pages_an_arena_changes_nothing(monkeypatch):
     assert not z.any() and z.shape == (300, 300)
 
 
+def test_info_says_where_a_load_puts_the_weights(monkeypatch):
+    big = pages.WORTH
+    if pages.available():
+        assert pages.describe(big).startswith("2 MiB huge pages")
+        assert pages.describe(big - 1).startswith("4 KiB pages (under 64 MiB")
+    else:
+        assert pages.describe(big).startswith("4 KiB pages (this system lends no")
+    monkeypatch.setenv(pages.ENV, "0")
+    assert pages.describe(big) == f"4 KiB pages ({pages.ENV}=0)"
+
+
 @needs_pages
 def test_settling_weights_leaves_no_second_copy_in_the_heap(monkeypatch):
     """Each tensor moved frees its old storage into glibc's heap, which keeps chunks under its mmap

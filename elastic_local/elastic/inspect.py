@@ -9,7 +9,7 @@ import torch
 
 from ..checkpoint.files import CheckpointError, index_tensors
 from ..checkpoint.offers import offers
-from ..model import gemv, kernels
+from ..model import gemv, kernels, pages
 from ..model.budget import count_params
 from ..model.config import BLOCK_KINDS, NemotronHConfig
 from ..model.cost import NATIVE_CAPABILITY, runs_natively
@@ -64,6 +64,9 @@ def describe(path: str | Path) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out["kernels"] = {"device": device, **kernels.describe(device), "linear": _linear_kernel(precision, device),
                       "decode_step": _decode_step(device)}
+    if device == "cpu":
+        largest = next(iter(budgets.values()))
+        out["kernels"]["weights"] = pages.describe(available[precision].resident_bytes(cfg, largest))
     return out
 
 

@@ -2,18 +2,19 @@
 
 Why: batch-1 decode streams every weight once a token. In 4 KiB pages that is a TLB entry to walk every
 4 KiB, and the hardware prefetchers stop at every page boundary. In 2 MiB pages gen16's decode (bf16
-panels) ran 1.04-1.16x faster, 100m's in float32, FP8 and NVFP4 1.0-1.1x (docs/decode-speed.md, "Weights
-in huge pages"). torch's allocator does not ask for them (its THP_MEM_ALLOC_ENABLE switch is read once per
-process, at its first allocation, and then covers every large tensor), and where the kernel lends huge
-pages only on request (THP "madvise", a common default) a weight never gets one.
+panels) ran 1.03-1.26x faster over six runs (most 1.05-1.13x), 100m's in float32, FP8 and NVFP4
+0.99-1.11x (docs/decode-speed.md, "Weights in huge pages"). torch's allocator does not ask for them (its
+THP_MEM_ALLOC_ENABLE switch is read once per process, at its first allocation, and then covers every
+large tensor), and where the kernel lends huge pages only on request (THP "madvise", a common default) a
+weight never gets one.
 
 How: while `arena()` is open (engine/load.py, around the CPU layout), `zeros` hands out tensors packed one
 after another into anonymous mappings of 64 MiB or more (`Arena`), each advised MADV_HUGEPAGE and
 aligned to 2 MiB; `settle` moves the large tensors made elsewhere (FP8 / NVFP4 codes as read) into
 them. Packing loses at most the unfilled part of each mapping's last huge page, where a mapping per tensor
-would round every tensor up to 2 MiB (half again a 2.5 MiB NVFP4 expert). A mapping lives while any
-tensor in it does (torch.frombuffer holds it). Elsewhere (not Linux, THP "never", a small tensor, outside
-an arena, ELASTIC_LOCAL_HUGE_PAGES=0): torch.zeros and the tensor as it is, as before.
+would round every tensor up to 2 MiB (a 2.5 MiB NVFP4 expert of the 30B to 4). A mapping lives while any
+tensor in it does (torch.frombuffer holds it). Elsewhere (not Linux, THP "never", a model under 64 MiB, a
+small tensor, ELASTIC_LOCAL_HUGE_PAGES=0): torch.zeros and the tensor as it is, as before.
 """
 
 from __future__ import annotations
@@ -46,6 +47,17 @@ def available() -> bool:
     except OSError:
         return False
     return "[never]" not in mode
+
+
+def describe(weights: int) -> str:
+    """Where a CPU load of a model of `weights` bytes puts them (`elastic-local info`)."""
+    if os.environ.get(ENV) == "0":
+        return f"4 KiB pages ({ENV}=0)"
+    if not available():
+        return "4 KiB pages (this system lends no transparent huge pages on request)"
+    if weights < WORTH:
+        return f"4 KiB pages (under {WORTH >> 20} MiB: they stay in the CPU's caches)"
+    return f"2 MiB huge pages, packed and advised MADV_HUGEPAGE ({ENV}=0: off)"
 
 
 class Arena:
