@@ -161,8 +161,11 @@ static float fp8_inputs(const float *x, int64_t K, float *xq) {
     return ldexpf(1.f, 120 - a);
 }
 
+/* Four sums, one multiply-add each per block of 32: with two, each took two a block, a chain of 8 cycles
+   (the FMA's latency is 4) per 32 weights, and gen16's FP8 decode ran 1.21x slower at its full budget,
+   1.07-1.11x at its small one (one process, both builds; docs/decode-speed.md, "FP8 rows in four sums"). */
 static inline float dot_fp8(const float *xq, const uint8_t *w, int64_t K, float unscale) { /* times 2^-8 */
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
     const __m256i zero = _mm256_setzero_si256(), keep = _mm256_set1_epi16((short)0x87FF),
                   high = _mm256_set1_epi32((int)0xFFFF0000);
     int64_t k = 0;
@@ -172,8 +175,8 @@ static inline float dot_fp8(const float *xq, const uint8_t *w, int64_t K, float 
         const __m256i hi = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(zero, b), 4), keep);
         a0 = _mm256_fmadd_ps(_mm256_loadu_ps(xq + k), _mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), a0);
         a1 = _mm256_fmadd_ps(_mm256_loadu_ps(xq + k + 8), _mm256_castsi256_ps(_mm256_and_si256(lo, high)), a1);
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(xq + k + 16), _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(xq + k + 24), _mm256_castsi256_ps(_mm256_and_si256(hi, high)), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(xq + k + 16), _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(xq + k + 24), _mm256_castsi256_ps(_mm256_and_si256(hi, high)), a3);
     }
     __m256 tail = _mm256_setzero_ps(); /* the last K % 32 (x as it is): 8 at a time through fp16s, then 1 */
     for (; k + 8 <= K; k += 8)
@@ -181,7 +184,7 @@ static inline float dot_fp8(const float *xq, const uint8_t *w, int64_t K, float 
                                _mm256_cvtph_ps(e4m3x8_as_f16(_mm_loadl_epi64((const __m128i *)(w + k)))), tail);
     float t = hsum(tail);
     for (; k < K; k++) t += xq[k] * e4m3_values[w[k]];
-    return hsum(_mm256_add_ps(a0, a1)) * (unscale / 256.f) + t;
+    return hsum(_mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3))) * (unscale / 256.f) + t;
 }
 
 /* dot_fp8 reads e4m3's subnormals as float32 subnormals: a thread that takes subnormal inputs as zero
