@@ -38,8 +38,25 @@ WORTH = 64 << 20  # smaller models stay in 4 KiB pages: their weights stay in th
 TRIM_EVERY = 32 << 20  # a load's resident memory exceeds its weights by at most about this (`_trim`)
 
 
+def _libc_trim():
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc's
+    except (OSError, AttributeError, TypeError):  # another libc, another OS
+        return None
+
+
+_malloc_trim = _libc_trim()
+
+
+def _trim() -> None:
+    """Give the heap's free pages back (glibc's malloc_trim). A weight replaced by its copy in the arena is
+    freed into glibc's heap, which keeps chunks under its mmap threshold (up to 32 MiB) for reuse; the
+    arena reuses none of them, so without this a load's resident memory would be its weights twice."""
+    _malloc_trim(0)
+
+
 def available() -> bool:
-    """Whether this process can ask for huge pages: Linux with THP "madvise" or "always"."""
+    """Whether this process can ask for huge pages: Linux with THP "madvise" or "always", and glibc."""
     if os.environ.get(ENV) == "0" or not hasattr(mmap, "MADV_HUGEPAGE") or _malloc_trim is None:
         return False
     try:
@@ -67,7 +84,7 @@ class Arena:
     def __init__(self) -> None:
         self.chunk: mmap.mmap | None = None
         self.used = self.size = 0
-        self.bytes = 0  # handed out, for the tests and the log
+        self.bytes = 0  # handed out
         self.untrimmed = 0  # handed out since the last _trim
         self.spans: list[tuple[int, int]] = []  # every mapping's [start, end) address
 
@@ -102,23 +119,6 @@ class Arena:
 
 
 _arena: Arena | None = None
-
-
-def _libc_trim():
-    try:
-        return ctypes.CDLL(None).malloc_trim  # glibc's
-    except (OSError, AttributeError, TypeError):  # another libc, another OS
-        return None
-
-
-_malloc_trim = _libc_trim()
-
-
-def _trim() -> None:
-    """Give the heap's free pages back (glibc's malloc_trim). A weight replaced by its copy in the arena is
-    freed into glibc's heap, which keeps chunks under its mmap threshold (up to 32 MiB) for reuse; the
-    arena reuses none of them, so without this a load's resident memory would be its weights twice."""
-    _malloc_trim(0)
 
 
 @contextlib.contextmanager
