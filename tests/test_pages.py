@@ -144,3 +144,23 @@ def test_a_model_loaded_into_huge_pages_gives_the_same_logits_and_tokens(tmp_pat
     for budget in plain.budgets:
         assert plain.generate(prompt, answer_budget=budget, max_answer_tokens=12, ignore_eos=True).ids == \
             huge.generate(prompt, answer_budget=budget, max_answer_tokens=12, ignore_eos=True).ids
+
+
+@needs_pages
+def test_a_system_that_refuses_the_mappings_loads_as_before(tmp_path, monkeypatch):
+    """mmap failing (strict overcommit, no address space) or madvise refused: the load goes on in torch's
+    own memory, with the same logits, and nothing in an arena."""
+    make_checkpoint(tmp_path, seed=3)
+    plain = elastic_local.load(tmp_path)
+    monkeypatch.setattr(pages, "MIN_BYTES", 0)
+    monkeypatch.setattr(pages, "WORTH", 0)
+
+    def refuse(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(pages.mmap, "mmap", refuse)
+    refused = elastic_local.load(tmp_path)
+    assert not any(advised(t.data_ptr()) for t in refused.net.tensors())
+    ids = torch.tensor([[1, 5, 9, 13, 17]])
+    with torch.inference_mode():
+        assert torch.equal(plain.forward(ids), refused.forward(ids))

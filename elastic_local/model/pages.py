@@ -14,7 +14,8 @@ aligned to 2 MiB; `settle` moves the large tensors made elsewhere (FP8 / NVFP4 c
 them. Packing loses at most the unfilled part of each mapping's last huge page, where a mapping per tensor
 would round every tensor up to 2 MiB (a 2.5 MiB NVFP4 expert of the 30B to 4). A mapping lives while any
 tensor in it does (torch.frombuffer holds it). Elsewhere (not Linux, THP "never", a model under 64 MiB, a
-small tensor, ELASTIC_LOCAL_HUGE_PAGES=0): torch.zeros and the tensor as it is, as before.
+small tensor, a mapping the system refuses, ELASTIC_LOCAL_HUGE_PAGES=0): torch.zeros and the tensor as it
+is, as before.
 """
 
 from __future__ import annotations
@@ -87,12 +88,16 @@ class Arena:
         self.bytes = 0  # handed out
         self.untrimmed = 0  # handed out since the last _trim
         self.spans: list[tuple[int, int]] = []  # every mapping's [start, end) address
+        self.failed = False  # a mapping was refused: the rest of the load allocates as before
 
     def holds(self, t: torch.Tensor) -> bool:
         return any(a <= t.data_ptr() < b for a, b in self.spans)
 
-    def empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-        """An uninitialized tensor in the arena (zeros as handed out: a mapping's pages are fresh)."""
+    def empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor | None:
+        """An uninitialized tensor in the arena (zeros as handed out: a mapping's pages are fresh), or None
+        where no mapping could be made (a system that refuses it: the caller allocates as before)."""
+        if self.failed:
+            return None
         nbytes = torch.Size(shape).numel() * dtype.itemsize
         if self.untrimmed >= TRIM_EVERY:  # the weights these replace, freed by now, back to the system
             _trim()
@@ -100,7 +105,11 @@ class Arena:
         self.untrimmed += nbytes
         start = -(-self.used // ALIGN) * ALIGN
         if self.chunk is None or start + nbytes > self.size:
-            self._grow(nbytes)
+            try:
+                self._grow(nbytes)
+            except OSError:  # no address space or memory for the mapping (strict overcommit), or no madvise
+                self.failed = True
+                return None
             start = self.used
         self.used, self.bytes = start + nbytes, self.bytes + nbytes
         flat = torch.frombuffer(self.chunk, dtype=torch.uint8, count=nbytes, offset=start) if nbytes else \
@@ -137,9 +146,9 @@ def arena(weights: int = WORTH) -> Iterator[Arena | None]:
 
 def zeros(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     """A CPU tensor of zeros: in the open arena where there is one and it is large enough."""
-    if _arena is None or torch.Size(shape).numel() * dtype.itemsize < MIN_BYTES:
-        return torch.zeros(shape, dtype=dtype)
-    return _arena.empty(shape, dtype)
+    t = None if _arena is None or torch.Size(shape).numel() * dtype.itemsize < MIN_BYTES else \
+        _arena.empty(shape, dtype)
+    return torch.zeros(shape, dtype=dtype) if t is None else t
 
 
 def settle(tensors: Sequence[torch.Tensor]) -> int:
@@ -162,6 +171,8 @@ def settle(tensors: Sequence[torch.Tensor]) -> int:
                     or _arena.holds(t)):
                 continue
             home = _arena.empty(t.shape, t.dtype)
+            if home is None:
+                break
             home.copy_(t)
             t.set_(home)
             moved += nbytes
