@@ -64,7 +64,7 @@ def describe(path: str | Path) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out["kernels"] = {"device": device, **kernels.describe(device), "linear": _linear_kernel(precision, device),
                       "decode_step": _decode_step(device)}
-    if device == "cpu":
+    if device == "cpu" and precision in available:
         largest = next(iter(budgets.values()))
         out["kernels"]["weights"] = pages.describe(available[precision].resident_bytes(cfg, largest))
     return out
