@@ -184,7 +184,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"  kernels   on {k['device']}: scan {k['mamba_scan']}, conv {k['mamba_conv']}, linear {k['linear']}")
     print(f"            decode step: {k['decode_step']}")
     if "weights" in k:
-        print(f"            weights in {k['weights']}")
+        print(f"            weights (the largest budget, as stored) in {k['weights']}")
     if "note" in k:
         print(f"            {k['note']}")
     return 0
