@@ -38,6 +38,9 @@ void gemm_p_part(const float *x, const void *p, int64_t ps, int64_t skip, float 
                  int64_t K, int64_t n0, int64_t n1, float *c, int bf16);
 extern const int64_t gemm_p_scratch; /* floats of gemm_p_part's c */
 #define PW 24 /* outputs per panel of a PANELS_F32 / PANELS_BF16 weight (gemv.c's) */
+/* n floats rounded up to whole 64-byte cache lines: where scratch rows start, so that a line two threads
+   write (one head's channels each) does not pass between their cores at every write */
+#define LINE(n) (((n) + 15) / 16 * 16)
 void part_nvfp4(const float *, const uint8_t *, const uint8_t *, float *, int64_t, int64_t, int64_t, int64_t,
                 int64_t, float, int64_t, int64_t);
 int bf16_dot(void);
@@ -575,7 +578,7 @@ static void group_norm(const mamba *L, float *y, int64_t g) {
 
 static int64_t mamba_scratch(const mamba *L) {
     const int64_t kp = L->heads * L->head_dim;
-    return 2 * kp + (kp + 2 * L->groups * L->state) + L->heads + L->d;
+    return LINE(2 * kp + 2 * L->groups * L->state + L->heads) + LINE(kp) + L->d;
 }
 
 /* conv [k*p + 2*G*N, K]: the last K inputs of the convolution; ssm [G, r, p, N] group-major. With at least
@@ -585,7 +588,11 @@ static void mamba_block(const mamba *L, const float *in, float *h, void *conv, f
                         member *me) {
     const int64_t d = L->d, k = L->heads, G = L->groups, p = L->head_dim, N = L->state;
     const int64_t r = k / G, kp = k * p, gn = G * N, C = kp + 2 * gn;
-    float *z = sh, *xbc = z + kp, *dt = xbc + C, *y = dt + k, *out = y + kp;
+    /* y on a line of its own (LINE), as xbc is where k * p is a whole number of lines: the threads write their
+       groups' heads of both, head by head: a line shared at each head's ends cost a demo token 1-4% where
+       this VM's two vCPUs sat close, 8-10% where they sat apart (in-process A/B); z, xbc and dt stay one
+       row, in_proj's */
+    float *z = sh, *xbc = z + kp, *dt = xbc + C, *y = sh + LINE(kp + C + k), *out = y + LINE(kp);
     rms_norm(in, L->norm, x, d, L->eps);
     if (L->in_proj.out) { /* z, xbc, dt lie one after another, as in in_proj */
         product ip = {&L->in_proj, x, z};
@@ -1048,9 +1055,10 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
                              : kind == 'E' ? moe_scratch(L) : mlp_scratch(L);
         shared = need > shared ? need : shared;
     }
-    const int64_t dx = (d + 15) / 16 * 16; /* each thread's normed input, a cache line apart */
+    shared = LINE(shared);
+    const int64_t dx = LINE(d); /* each thread's normed input, a cache line apart */
     const int64_t each = s->embed_bf16 ? 2 * dx : dx; /* and its copy of a bf16 embedding row, widened */
-    float *buf = malloc(sizeof(float) * (shared + (threads > 1 ? threads : 1) * each));
+    float *buf = aligned_alloc(64, sizeof(float) * (shared + (threads > 1 ? threads : 1) * each)); /* on a line */
     if (!buf) return -1;
     float *h = s->h;
     const unsigned int csr = _mm_getcsr(); /* the caller's float mode (torch.set_flush_denormal sets its own
