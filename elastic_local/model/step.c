@@ -590,7 +590,7 @@ static void mamba_block(const mamba *L, const float *in, float *h, void *conv, f
     const int64_t r = k / G, kp = k * p, gn = G * N, C = kp + 2 * gn;
     /* y on a line of its own (LINE), as xbc is where k * p is a whole number of lines: the threads write their
        groups' heads of both, head by head: a line shared at each head's ends cost a demo token 1-4% where
-       this VM's two vCPUs sat close, 8-10% where they sat apart (in-process A/B); z, xbc and dt stay one
+       this VM's two vCPUs sat close, 4-10% where they sat apart (in-process A/Bs); z, xbc and dt stay one
        row, in_proj's */
     float *z = sh, *xbc = z + kp, *dt = xbc + C, *y = sh + LINE(kp + C + k), *out = y + LINE(kp);
     rms_norm(in, L->norm, x, d, L->eps);
