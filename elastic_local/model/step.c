@@ -475,7 +475,8 @@ static inline __m256 ssm_rows8(float *s, int64_t N, float a, const float *dx, co
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-/* State update and readout of head j (rank j / G of group j % G) into y[j*p : (j+1)*p]. */
+/* State update and readout of head j (rank j / G of group j % G): its p inputs xs, its group's B and Cm,
+   its p outputs y. */
 static void ssm_head(const mamba *L, int64_t j, const float *xs, const float *B, const float *Cm, float dt,
                      float *ssm, float *y) {
     const int64_t G = L->groups, p = L->head_dim, N = L->state, g = j % G, r = L->heads / G;
@@ -486,15 +487,11 @@ static void ssm_head(const mamba *L, int64_t j, const float *xs, const float *B,
     if (N % 8 == 0)
         for (; i + 8 <= p; i += 8, s += 8 * N) {
             float dx[8];
-            for (int t = 0; t < 8; t++) dx[t] = dtj * xs[j * p + i + t];
-            const __m256 x = _mm256_loadu_ps(xs + j * p + i);
-            _mm256_storeu_ps(y + j * p + i, _mm256_fmadd_ps(_mm256_set1_ps(L->D[j]), x,
-                                                            ssm_rows8(s, N, a, dx, B + g * N, Cm + g * N)));
+            for (int t = 0; t < 8; t++) dx[t] = dtj * xs[i + t];
+            const __m256 x = _mm256_loadu_ps(xs + i);
+            _mm256_storeu_ps(y + i, _mm256_fmadd_ps(_mm256_set1_ps(L->D[j]), x, ssm_rows8(s, N, a, dx, B, Cm)));
         }
-    for (; i < p; i++, s += N) {
-        const float xi = xs[j * p + i];
-        y[j * p + i] = ssm_row(s, a, dtj * xi, B + g * N, Cm + g * N, N) + L->D[j] * xi;
-    }
+    for (; i < p; i++, s += N) y[i] = ssm_row(s, a, dtj * xs[i], B, Cm, N) + L->D[j] * xs[i];
 }
 
 /* 8 channels' 4 taps, channel-major (r[i] holds channels 2i, 2i + 1), as tap-major t[j] (tap j of the
@@ -513,10 +510,10 @@ static inline void channels_of(const __m256 t[4], __m256 r[4]) {
     r[2] = _mm256_shuffle_ps(h01, h23, 0x44), r[3] = _mm256_shuffle_ps(h01, h23, 0xEE);
 }
 
-/* The 4-tap convolution of 8 channels (state s, weights w [8, 4], inputs x [8], bias b or NULL): x[i]
-   becomes the dot of channel i's window with its weights, in the scalar loop's order. One channel at a
+/* The 4-tap convolution of 8 channels (state s, weights w [8, 4], inputs x [8], bias b or NULL): out[i] is
+   the dot of channel i's window with its weights, in the scalar loop's order (out may be x). One channel at a
    time it was a chain of 4 dependent multiply-adds and 8 scalar moves each (1-2 us a Mamba block). */
-static inline void conv8(float *s, const float *w, const float *b, float *x) {
+static inline void conv8(float *s, const float *w, const float *b, const float *x, float *out) {
     const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7), back = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     __m256 r[4], t[4], k[4];
     for (int i = 0; i < 4; i++) r[i] = _mm256_loadu_ps(s + 8 * i);
@@ -527,14 +524,14 @@ static inline void conv8(float *s, const float *w, const float *b, float *x) {
     __m256 a = _mm256_fmadd_ps(t[0], k[0], _mm256_setzero_ps());
     for (int j = 1; j < 4; j++) a = _mm256_fmadd_ps(t[j], k[j], a);
     a = _mm256_permutevar8x32_ps(a, back);
-    _mm256_storeu_ps(x, b ? _mm256_add_ps(a, _mm256_loadu_ps(b)) : a);
+    _mm256_storeu_ps(out, b ? _mm256_add_ps(a, _mm256_loadu_ps(b)) : a);
     channels_of(t, r);
     for (int i = 0; i < 4; i++) _mm256_storeu_ps(s + 8 * i, r[i]);
 }
 
-/* The causal depthwise convolution of channels [c0, c1) (shift each one's window, one dot), then silu.
-   A bf16 state (L->bf16) is widened a run of channels at a time and rounded back. */
-static void conv_channels(const mamba *L, void *conv, float *xbc, int64_t c0, int64_t c1) {
+/* The causal depthwise convolution of channels [c0, c1) of xbc (shift each one's window, one dot), then
+   silu, into out [c1 - c0] (which may be xbc + c0). A bf16 state (L->bf16) is widened a run of channels at a time and rounded back. */
+static void conv_channels(const mamba *L, void *conv, const float *xbc, float *out, int64_t c0, int64_t c1) {
     const int64_t kp = L->heads * L->head_dim, K = L->conv_k;
     float wide[8 * K];
     for (int64_t c = c0; c < c1;) {
@@ -546,34 +543,44 @@ static void conv_channels(const mamba *L, void *conv, float *xbc, int64_t c0, in
         float *s = stored ? wide : (float *)conv + c * K;
         if (stored) widen(stored, s, run * K);
         if (run == 8) {
-            conv8(s, w, bias ? bias + o : NULL, xbc + c);
+            conv8(s, w, bias ? bias + o : NULL, xbc + c, out + (c - c0));
         } else {
             float a = 0.f;
             for (int64_t j = 0; j < K - 1; j++) a += (s[j] = s[j + 1]) * w[j];
             a += (s[K - 1] = xbc[c]) * w[K - 1];
-            xbc[c] = bias ? a + bias[o] : a;
+            out[c - c0] = bias ? a + bias[o] : a;
         }
         if (stored) narrow(s, stored, run * K);
         c += run;
     }
-    silu_into(xbc + c0, NULL, c1 - c0);
+    silu_into(out, NULL, c1 - c0);
 }
 
-/* RMSNorm, in place, of group g of a rank-major row y of `groups` groups: the r runs of p channels
-   (q groups + g) p, q < r, scaled by w at the same channels (Mamba2's gated norm; groups 1 and r 1 make
-   the plain RMSNorm of p channels). The decode step and norm_rows share it, so a prompt's norm and a
-   token's sum in the same order. */
-static void norm_group(float *y, const float *w, int64_t groups, int64_t p, int64_t r, int64_t g, float eps) {
+/* RMSNorm, in place, of the r runs of p channels y + q ldy, q < r, scaled by w + q ldw (Mamba2's gated
+   norm of a group; r 1 makes the plain RMSNorm of p channels). The decode step and norm_rows share it, so
+   a prompt's norm and a token's sum in the same order. */
+static void norm_runs(float *y, int64_t ldy, const float *w, int64_t ldw, int64_t r, int64_t p, float eps) {
     float ss = 0.f;
-    for (int64_t q = 0; q < r; q++) ss += sum_squares(y + (q * groups + g) * p, p);
+    for (int64_t q = 0; q < r; q++) ss += sum_squares(y + q * ldy, p);
     const float rs = 1.f / sqrtf(ss / (float)(r * p) + eps);
     for (int64_t q = 0; q < r; q++)
-        for (int64_t i = (q * groups + g) * p; i < (q * groups + g + 1) * p; i++) y[i] = w[i] * (y[i] * rs);
+        for (int64_t i = 0; i < p; i++) y[q * ldy + i] = w[q * ldw + i] * (y[q * ldy + i] * rs);
+}
+
+/* norm_runs of group g of a rank-major row y of `groups` groups: its runs at (q groups + g) p, and w's. */
+static void norm_group(float *y, const float *w, int64_t groups, int64_t p, int64_t r, int64_t g, float eps) {
+    norm_runs(y + g * p, groups * p, w + g * p, groups * p, r, p, eps);
 }
 
 /* Gated RMSNorm of group g's r heads (q * G + g, rank-major) in y. */
 static void group_norm(const mamba *L, float *y, int64_t g) {
     norm_group(y, L->gate_norm, L->groups, L->head_dim, L->heads / L->groups, g, L->eps);
+}
+
+/* A thread's own rows for a group (mamba_block): its heads' inputs and outputs, its B and C. */
+static int64_t mamba_own(const mamba *L) {
+    const int64_t rp = L->heads / L->groups * L->head_dim;
+    return 2 * LINE(rp) + LINE(2 * L->state);
 }
 
 static int64_t mamba_scratch(const mamba *L) {
@@ -583,15 +590,19 @@ static int64_t mamba_scratch(const mamba *L) {
 
 /* conv [k*p + 2*G*N, K]: the last K inputs of the convolution; ssm [G, r, p, N] group-major. With at least
    as many groups as threads, a group's heads need only its own channels (its heads' x, its B and C), so
-   each thread takes whole groups from the convolution to the gated norm with no barrier between. */
+   each thread takes whole groups from the convolution to the gated norm with no barrier between. It works
+   in rows of its own (`own`: the convolution's outputs, the heads' outputs) and copies only the normed
+   outputs into y, for out_proj. In place in xbc and y, its writes went to lines the other thread had just
+   written or read: where this VM's two vCPUs sat apart, the convolution and SSM update ran 3-4x slower on
+   two threads than on one (docs/decode-speed.md, "Where two threads' time goes when the vCPUs sit
+   apart"). In its own rows the demo decodes 1.06-1.08x faster there, 1.01-1.02x where they sit close. */
 static void mamba_block(const mamba *L, const float *in, float *h, void *conv, float *ssm, float *sh, float *x,
-                        member *me) {
+                        float *own, member *me) {
     const int64_t d = L->d, k = L->heads, G = L->groups, p = L->head_dim, N = L->state;
     const int64_t r = k / G, kp = k * p, gn = G * N, C = kp + 2 * gn;
-    /* y on a line of its own (LINE), as xbc is where k * p is a whole number of lines: the threads write their
-       groups' heads of both, head by head: a line shared at each head's ends cost a demo token 1-4% where
-       this VM's two vCPUs sat close, 4-10% where they sat apart (in-process A/Bs); z, xbc and dt stay one
-       row, in_proj's */
+    /* y on a line of its own (LINE): the threads write their groups' heads of it, a head at a time (a line
+       shared at each head's ends cost a demo token 1-4% where this VM's two vCPUs sat close, 4-10% where
+       they sat apart, in-process A/Bs); z, xbc and dt stay one row, in_proj's */
     float *z = sh, *xbc = z + kp, *dt = xbc + C, *y = sh + LINE(kp + C + k), *out = y + LINE(kp);
     rms_norm(in, L->norm, x, d, L->eps);
     if (L->in_proj.out) { /* z, xbc, dt lie one after another, as in in_proj */
@@ -605,24 +616,26 @@ static void mamba_block(const mamba *L, const float *in, float *h, void *conv, f
     if (G >= threads_here()) {
         #pragma omp for schedule(static) nowait
         for (int64_t g = 0; g < G; g++) {
-            for (int64_t q = 0; q < r; q++) conv_channels(L, conv, xbc, (q * G + g) * p, (q * G + g + 1) * p);
-            conv_channels(L, conv, xbc, kp + g * N, kp + (g + 1) * N);
-            conv_channels(L, conv, xbc, kp + gn + g * N, kp + gn + (g + 1) * N);
+            float *xs = own, *bc = xs + LINE(r * p), *ys = bc + LINE(2 * N);
+            for (int64_t q = 0; q < r; q++) conv_channels(L, conv, xbc, xs + q * p, (q * G + g) * p, (q * G + g + 1) * p);
+            conv_channels(L, conv, xbc, bc, kp + g * N, kp + (g + 1) * N);
+            conv_channels(L, conv, xbc, bc + N, kp + gn + g * N, kp + gn + (g + 1) * N);
             for (int64_t q = 0; q < r; q++) {
                 const int64_t j = q * G + g;
-                ssm_head(L, j, xbc, xbc + kp, xbc + kp + gn, dt[j], ssm, y);
-                silu_into(y + j * p, z + j * p, p);
+                ssm_head(L, j, xs + q * p, bc, bc + N, dt[j], ssm, ys + q * p);
+                silu_into(ys + q * p, z + j * p, p);
             }
-            group_norm(L, y, g);
+            norm_runs(ys, p, L->gate_norm + g * p, G * p, r, p, L->eps);
+            for (int64_t q = 0; q < r; q++) memcpy(y + (q * G + g) * p, ys + q * p, sizeof(float) * p);
         }
     } else {
         int64_t c0, c1;
         share(C, &c0, &c1);
-        conv_channels(L, conv, xbc, c0, c1);
+        conv_channels(L, conv, xbc, xbc + c0, c0, c1);
         meet(me);
         #pragma omp for schedule(static) nowait
         for (int64_t j = 0; j < k; j++) {
-            ssm_head(L, j, xbc, xbc + kp, xbc + kp + gn, dt[j], ssm, y);
+            ssm_head(L, j, xbc + j * p, xbc + kp + j % G * N, xbc + kp + gn + j % G * N, dt[j], ssm, y + j * p);
             silu_into(y + j * p, z + j * p, p);
         }
         meet(me);
@@ -1047,17 +1060,20 @@ static int64_t first_max(const float *v, int64_t n) {
 static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, const int64_t *stops,
                           int64_t nstops, const int32_t *halt, int64_t *out, float *logits, int threads) {
     const int64_t blocks = s->n, d = s->d, V = s->lm_head->out;
-    int64_t shared = 0;
+    int64_t shared = 0, owns = 0; /* the scratch all threads share; the rows each thread owns */
     for (int64_t i = 0; i < blocks; i++) {
         const void *L = s->blocks[i].args;
         const int64_t kind = s->blocks[i].kind;
         const int64_t need = kind == 'M' ? mamba_scratch(L) : kind == '*' ? attention_scratch(L)
                              : kind == 'E' ? moe_scratch(L) : mlp_scratch(L);
+        const int64_t own = kind == 'M' ? mamba_own(L) : 0;
         shared = need > shared ? need : shared;
+        owns = own > owns ? own : owns;
     }
     shared = LINE(shared);
     const int64_t dx = LINE(d); /* each thread's normed input, a cache line apart */
-    const int64_t each = s->embed_bf16 ? 2 * dx : dx; /* and its copy of a bf16 embedding row, widened */
+    const int64_t rows = s->embed_bf16 ? 2 * dx : dx; /* and its copy of a bf16 embedding row, widened */
+    const int64_t each = rows + owns;
     float *buf = aligned_alloc(64, sizeof(float) * (shared + (threads > 1 ? threads : 1) * each)); /* on a line */
     if (!buf) return -1;
     float *h = s->h;
@@ -1079,7 +1095,7 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
         const unsigned int own_csr = _mm_getcsr();
         _mm_setcsr(csr);
         if (thread_here() == 0) team_size = team;
-        float *x = buf + shared + thread_here() * each, *row = x + dx;
+        float *x = buf + shared + thread_here() * each, *row = x + dx, *own = x + rows;
         const float *in = embedding(s, token, row); /* the residual stream into the next block */
         for (int64_t t = 0; t < n; t++) {
             /* a token in four timed, where rebalance keeps shares for the team */
@@ -1089,7 +1105,7 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
                 float *b = s->state[2 * i + 1];
                 const void *L = s->blocks[i].args;
                 switch (s->blocks[i].kind) {
-                case 'M': mamba_block(L, in, h, a, b, buf, x, &me); break;
+                case 'M': mamba_block(L, in, h, a, b, buf, x, own, &me); break;
                 case '*': attention_block(L, in, h, a, b, s->capacity[i], pos + t, buf, x, &me); break;
                 case 'E': moe_block(L, in, h, buf, x, &me); break;
                 default: mlp_block(L, in, h, buf, x, &me);
