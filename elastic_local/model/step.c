@@ -676,6 +676,9 @@ static int64_t attention_scratch(const attention *L) {
     return 2 * H * hd + 2 * L->kv_heads * hd + H * ATT_RUNS * (hd + 2) + L->d;
 }
 
+/* A thread's own rows for a KV head's one run (attention_block): its query heads' sums. */
+static int64_t attention_own(const attention *L) { return L->heads / L->kv_heads * LINE(L->head_dim + 2); }
+
 /* Eight scores q.k for key rows k[0..7] (hd % 8 == 0): one vector. Eight positions' products summed
    across their lanes at once, where one position at a time paid a whole horizontal sum for each. */
 static inline __m256 dot8(const float *q, const float *const k[8], int64_t hd) {
@@ -798,7 +801,7 @@ static void attend(const float *q, int64_t KV, int64_t g, int64_t r, int64_t hd,
    other threads read it (positions before pos only). The cache is read in (KV head, run of positions)
    units (attention_runs); with more than one run per head, a second pass merges each head's runs. */
 static void attention_block(const attention *L, const float *in, float *h, void *kc, void *vc, int64_t capacity,
-                            int64_t pos, float *sh, float *x, member *me) {
+                            int64_t pos, float *sh, float *x, float *own, member *me) {
     const int64_t d = L->d, H = L->heads, KV = L->kv_heads, hd = L->head_dim, T = pos + 1, r = H / KV;
     const int64_t S = attention_runs(T), run = ((T + S - 1) / S + 7) / 8 * 8;
     float *q = sh, *kn = q + H * hd, *vn = kn + KV * hd, *att = vn + KV * hd, *part = att + H * hd;
@@ -821,8 +824,10 @@ static void attention_block(const attention *L, const float *in, float *h, void 
     #pragma omp for schedule(static) nowait
     for (int64_t unit = 0; unit < KV * S; unit++) {
         const int64_t g = unit / S, s = unit % S, t0 = s * run < T ? s * run : T, t1 = t0 + run < T ? t0 + run : T;
-        float *mine = part + (g * S + s) * (hd + 2);
-        const int64_t stride = KV * S * (hd + 2); /* from query head g's slot to g + KV's */
+        /* one run a head: its sums in this thread's own rows (mamba_block says why); more: in part, where the
+           merge below reads them */
+        float *mine = S == 1 ? own : part + (g * S + s) * (hd + 2);
+        const int64_t stride = S == 1 ? LINE(hd + 2) : KV * S * (hd + 2); /* query head g's slot to g + KV's */
         const int64_t at = g * capacity * hd, size = L->bf16 ? 2 : 4;
         attend(q, KV, g, r, hd, (const char *)kc + at * size, (const char *)vc + at * size, (int)L->bf16, kn + g * hd,
                vn + g * hd, pos, t0, t1, scale, mine, stride);
@@ -1066,7 +1071,7 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
         const int64_t kind = s->blocks[i].kind;
         const int64_t need = kind == 'M' ? mamba_scratch(L) : kind == '*' ? attention_scratch(L)
                              : kind == 'E' ? moe_scratch(L) : mlp_scratch(L);
-        const int64_t own = kind == 'M' ? mamba_own(L) : 0;
+        const int64_t own = kind == 'M' ? mamba_own(L) : kind == '*' ? attention_own(L) : 0;
         shared = need > shared ? need : shared;
         owns = own > owns ? own : owns;
     }
@@ -1106,7 +1111,7 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
                 const void *L = s->blocks[i].args;
                 switch (s->blocks[i].kind) {
                 case 'M': mamba_block(L, in, h, a, b, buf, x, own, &me); break;
-                case '*': attention_block(L, in, h, a, b, s->capacity[i], pos + t, buf, x, &me); break;
+                case '*': attention_block(L, in, h, a, b, s->capacity[i], pos + t, buf, x, own, &me); break;
                 case 'E': moe_block(L, in, h, buf, x, &me); break;
                 default: mlp_block(L, in, h, buf, x, &me);
                 }
