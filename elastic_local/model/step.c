@@ -511,8 +511,8 @@ static inline void channels_of(const __m256 t[4], __m256 r[4]) {
 }
 
 /* The 4-tap convolution of 8 channels (state s, weights w [8, 4], inputs x [8], bias b or NULL): out[i] is
-   the dot of channel i's window with its weights, in the scalar loop's order (out may be x). One channel at a
-   time it was a chain of 4 dependent multiply-adds and 8 scalar moves each (1-2 us a Mamba block). */
+   the dot of channel i's window with its weights, in the scalar loop's order (out may be x). One channel
+   at a time it was a chain of 4 dependent multiply-adds and 8 scalar moves each (1-2 us a Mamba block). */
 static inline void conv8(float *s, const float *w, const float *b, const float *x, float *out) {
     const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7), back = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     __m256 r[4], t[4], k[4];
@@ -530,7 +530,8 @@ static inline void conv8(float *s, const float *w, const float *b, const float *
 }
 
 /* The causal depthwise convolution of channels [c0, c1) of xbc (shift each one's window, one dot), then
-   silu, into out [c1 - c0] (which may be xbc + c0). A bf16 state (L->bf16) is widened a run of channels at a time and rounded back. */
+   silu, into out [c1 - c0] (which may be xbc + c0). A bf16 state (L->bf16) is widened a run of channels
+   at a time and rounded back. */
 static void conv_channels(const mamba *L, void *conv, const float *xbc, float *out, int64_t c0, int64_t c1) {
     const int64_t kp = L->heads * L->head_dim, K = L->conv_k;
     float wide[8 * K];
