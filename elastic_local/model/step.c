@@ -65,8 +65,11 @@ typedef struct {     /* y[n] = sum_k W[n, k] x[k], n < out, k < in */
  * share of each product. Threads meet at a barrier only where one reads what another wrote: after the
  * products whose outputs a block's next part reads whole, and at the end of each block, whose residual
  * the next block's norm reads whole. Each thread computes a block's norm (d floats) itself instead of
- * waiting for one thread to. (One region per block, a barrier after each norm and a split-K round for
- * each narrow product cost small budgets most: docs/decode-speed.md, "One parallel region a token".)
+ * waiting for one thread to. Between the products, work that is one thread's alone (a Mamba group, an
+ * attention KV head) runs in rows that thread owns, and only its results go where the others read them:
+ * a line two cores write in turn crosses between them at each write (mamba_block). (One region per
+ * block, a barrier after each norm and a split-K round for each narrow product cost small budgets most:
+ * docs/decode-speed.md, "One parallel region a token".)
  *
  * The barrier is this file's own (`meet`): OpenMP's costs 0.26 us here even on one thread (libgomp makes
  * a futex system call at each), against 0.04 us for two threads counting on a shared line (0.03-0.34 us
