@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 
@@ -87,8 +86,9 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     net = load_network(path, resident=resident, stored=stored_budget(cfg), dtype=dtype, device=device,
                        progress=progress, precision=precision, keep=keep,
                        linear_dtype=torch.bfloat16 if panels else None)
-    resident_bytes = sum(t.numel() * t.element_size() for t in net.tensors())
-    with pages.arena(resident_bytes) if net.device.type == "cpu" else contextlib.nullcontext():
+    # an arena (huge pages) for a CPU load only: a GPU load's weights are not walked
+    cpu_bytes = sum(t.nbytes for t in net.tensors()) if net.device.type == "cpu" else 0
+    with pages.arena(cpu_bytes) as arena:
         if panels:
             # panels where the kernels run (a float32 load without them: linear.Transposed), so the first run
             # after an install waits here for the build `prebuild` started (about 2 s)
@@ -97,7 +97,8 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
             net.transpose_weights(panels=gemv.library() is not None)
         # what decode streams and the panels did not take (FP8 / NVFP4 codes) into huge pages too; not an
         # embedding of which a token reads one row
-        pages.settle([t for t in net.tensors() if t is not net.embed or net.lm_head is net.embed])
+        if arena is not None:
+            pages.settle([t for t in net.tensors() if t is not net.embed or net.lm_head is net.embed])
     if compile:
         net.compile_decode()
     if cuda_graphs or (cuda_graphs is None and not compile and net.device.type == "cuda"):
