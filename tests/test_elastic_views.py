@@ -170,8 +170,8 @@ def test_cpu_layout_keeps_budgets_as_views_whose_panels_are_contiguous(tmp_path)
 @pytest.mark.parametrize("stored", [torch.float32, torch.bfloat16])
 def test_silencing_a_token_pins_its_logit_at_zero_in_the_panel_layout(tmp_path, stored):
     """The LM head in panels: the token's column is found inside its panel (tokens 0, 23, 24 and the last
-    straddle panel edges), in a BF16 file's bf16 panels too, whose rows hold their columns reordered (1, 8
-    and 17 move there)."""
+    straddle panel edges), in a BF16 file's bf16 panels too, whose rows hold their first 16 columns reordered
+    (1 and 8 move there; 17 and 23 keep their places)."""
     from elastic_local.model.gemv import library
     from elastic_local.model.linear import Panels
 

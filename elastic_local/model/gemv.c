@@ -83,16 +83,18 @@ static inline __m256 bf16_as_f32(__m128i h) {
 
 /* One row of a bf16 panel -> its 24 columns as float32, in three vectors (columns 0-7, 8-15, 16-23). A bf16
    is the top half of a float32, so a 32-bit pair of bf16s gives two floats, its low half by a shift and its
-   high half by a mask; the panel stores each row as such pairs, columns (0, 8), (1, 9) .. (7, 15), then
-   (16, 20) .. (19, 23) (linear.BF16_COLUMNS). Zero-extending each bf16 and shifting it instead (natural
-   order) took two operations per eight columns where this takes one: 1.45-1.62x for a decode product
-   whose panels sit in the caches, 1.13x streamed from memory (scratch, 2 threads). */
+   high half by a mask; the panel stores its first 16 columns as such pairs, (0, 8), (1, 9) .. (7, 15), and
+   the last 8 in order (linear.BF16_COLUMNS), which a zero-extending load and a shift widen. Zero-extending
+   every column instead took two operations per eight columns where the pairs take one: 1.45-1.62x for a
+   decode product whose panels sit in the caches, 1.13x streamed from memory (scratch, 2 threads). The last
+   8 stored as pairs too, (16, 20) .. (19, 23), took a mask, a shift and a 128-bit insert to join their
+   halves: a decode product ran 1.40-1.57x faster on one thread without the insert, 1.17-1.54x on two
+   (shapes 256x80 to 3000x1024: 1.07-1.09x; scratch, in one process, the same bits). */
 static inline void bf16_panel_row(const uint16_t *r, __m256 v[3]) {
-    const __m256i a = _mm256_loadu_si256((const __m256i *)r), high = _mm256_set1_epi32((int)0xFFFF0000);
-    const __m128i b = _mm_loadu_si128((const __m128i *)(r + 16));
+    const __m256i a = _mm256_loadu_si256((const __m256i *)r);
     v[0] = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
-    v[1] = _mm256_castsi256_ps(_mm256_and_si256(a, high));
-    v[2] = _mm256_castsi256_ps(_mm256_set_m128i(_mm_and_si128(b, _mm256_castsi256_si128(high)), _mm_slli_epi32(b, 16)));
+    v[1] = _mm256_castsi256_ps(_mm256_and_si256(a, _mm256_set1_epi32((int)0xFFFF0000)));
+    v[2] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(r + 16))), 16));
 }
 
 static inline float dot_bf16(const float *x, const uint16_t *w, int64_t K) {
@@ -521,10 +523,9 @@ static inline void pair_rows(const uint16_t *r0, const uint16_t *r1, uint32_t *o
                   a1 = _mm256_loadu_si256((const __m256i *)r1);
     _mm256_storeu_si256((__m256i *)out, _mm256_or_si256(_mm256_and_si256(a0, low), _mm256_slli_epi32(a1, 16)));
     _mm256_storeu_si256((__m256i *)(out + 8), _mm256_or_si256(_mm256_srli_epi32(a0, 16), _mm256_andnot_si256(low, a1)));
-    const __m128i l = _mm256_castsi256_si128(low), b0 = _mm_loadu_si128((const __m128i *)(r0 + 16)),
-                  b1 = _mm_loadu_si128((const __m128i *)(r1 + 16));
-    _mm_storeu_si128((__m128i *)(out + 16), _mm_or_si128(_mm_and_si128(b0, l), _mm_slli_epi32(b1, 16)));
-    _mm_storeu_si128((__m128i *)(out + 20), _mm_or_si128(_mm_srli_epi32(b0, 16), _mm_andnot_si128(l, b1)));
+    const __m256i b0 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(r0 + 16))),
+                  b1 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(r1 + 16)));
+    _mm256_storeu_si256((__m256i *)(out + 16), _mm256_or_si256(b0, _mm256_slli_epi32(b1, 16)));
 }
 
 /* c[r, 0:24] (+)= sum_k x[r, k] w[k, 0:24], r < R (x's rows ldx apart, bf16), over `pairs` re-paired panel

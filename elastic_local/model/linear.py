@@ -120,18 +120,17 @@ class Transposed:
 
 
 PANEL = 24  # outputs per panel: gemv.c's PW, the width of its register tiles
-# the column each position of a bf16 panel's row holds: pairs of columns (c, c + 8), then (16 + c, 20 + c), so
-# that one shift or one mask of 32-bit pairs widens 8 columns to float32 (gemv.c, bf16_panel_row)
-BF16_COLUMNS = (*(c + h for c in range(8) for h in (0, 8)), *(16 + c + h for c in range(4) for h in (0, 4)))
+# the column each position of a bf16 panel's row holds: pairs of columns (c, c + 8), so that one shift or one
+# mask of 32-bit pairs widens 8 columns to float32, then columns 16-23 in order (gemv.c, bf16_panel_row)
+BF16_COLUMNS = (*(c + h for c in range(8) for h in (0, 8)), *range(16, 24))
 _BF16_NATURAL = torch.tensor(BF16_COLUMNS).argsort()  # the position each column lies at
 
 
 def _fill_paired(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """dst[..., :] = src's 24 columns in the order BF16_COLUMNS, in two strided copies: positions 2c + h
-    of the first 16 hold column 8h + c (a [2, 8] -> [8, 2] transpose), positions 16 + 2c + h column
-    16 + 4h + c."""
+    """dst[..., :] = src's 24 columns in the order BF16_COLUMNS: positions 2c + h of the first 16 hold column
+    8h + c (a [2, 8] -> [8, 2] transpose), the last 8 their own columns."""
     dst[..., :16].unflatten(-1, (8, 2)).copy_(src[..., :16].unflatten(-1, (2, 8)).transpose(-1, -2))
-    dst[..., 16:].unflatten(-1, (4, 2)).copy_(src[..., 16:].unflatten(-1, (2, 4)).transpose(-1, -2))
+    dst[..., 16:].copy_(src[..., 16:])
 
 
 class Panels:
