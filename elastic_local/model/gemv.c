@@ -88,8 +88,8 @@ static inline __m256 bf16_as_f32(__m128i h) {
    every column instead took two operations per eight columns where the pairs take one: 1.45-1.62x for a
    decode product whose panels sit in the caches, 1.13x streamed from memory (scratch, 2 threads). The last
    8 stored as pairs too, (16, 20) .. (19, 23), took a mask, a shift and a 128-bit insert to join their
-   halves: a decode product ran 1.40-1.57x faster on one thread without the insert, 1.17-1.54x on two
-   (shapes 256x80 to 3000x1024: 1.07-1.09x; scratch, in one process, the same bits). */
+   halves: without the insert a decode product ran 1.40-1.57x faster on one thread, 1.17-1.54x on two
+   (512x512 to 3000x1024; 256x80: 1.07-1.09x; scratch, in one process, the same bits). */
 static inline void bf16_panel_row(const uint16_t *r, __m256 v[3]) {
     const __m256i a = _mm256_loadu_si256((const __m256i *)r);
     v[0] = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
