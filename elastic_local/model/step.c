@@ -532,10 +532,15 @@ static inline void conv8(float *s, const float *w, const float *b, const float *
     for (int i = 0; i < 4; i++) _mm256_storeu_ps(s + 8 * i, r[i]);
 }
 
+/* Channel c's convolution state in a state laid out as the cache's ([channels, K], float32 or bf16). */
+static inline void *conv_at(const mamba *L, void *conv, int64_t c) {
+    return (char *)conv + c * L->conv_k * (L->bf16 ? 2 : 4);
+}
+
 /* The causal depthwise convolution of channels [c0, c1) of xbc (shift each one's window, one dot), then
-   silu, into out [c1 - c0] (which may be xbc + c0). A bf16 state (L->bf16) is widened a run of channels
-   at a time and rounded back. */
-static void conv_channels(const mamba *L, void *conv, const float *xbc, float *out, int64_t c0, int64_t c1) {
+   silu, into out [c1 - c0] (which may be xbc + c0); `state` holds the run's states, channel c0's first.
+   A bf16 state (L->bf16) is widened a run of channels at a time and rounded back. */
+static void conv_channels(const mamba *L, void *state, const float *xbc, float *out, int64_t c0, int64_t c1) {
     const int64_t kp = L->heads * L->head_dim, K = L->conv_k;
     float wide[8 * K];
     for (int64_t c = c0; c < c1;) {
@@ -543,8 +548,8 @@ static void conv_channels(const mamba *L, void *conv, const float *xbc, float *o
         const float *w = (c < kp ? L->conv_x : L->conv_bc) + o * K;
         const float *bias = c < kp ? L->conv_bias_x : L->conv_bias_bc;
         const int64_t run = K == 4 && c + 8 <= c1 && (c >= kp || c + 8 <= kp) ? 8 : 1;
-        uint16_t *stored = L->bf16 ? (uint16_t *)conv + c * K : NULL;
-        float *s = stored ? wide : (float *)conv + c * K;
+        uint16_t *stored = L->bf16 ? (uint16_t *)state + (c - c0) * K : NULL;
+        float *s = stored ? wide : (float *)state + (c - c0) * K;
         if (stored) widen(stored, s, run * K);
         if (run == 8) {
             conv8(s, w, bias ? bias + o : NULL, xbc + c, out + (c - c0));
@@ -581,6 +586,38 @@ static void group_norm(const mamba *L, float *y, int64_t g) {
     norm_group(y, L->gate_norm, L->groups, L->head_dim, L->heads / L->groups, g, L->eps);
 }
 
+/* The groups [g0, g1) this thread takes where there are at least as many groups as threads (mamba_block):
+   G / T each, one more for the first G % T threads. */
+static void groups_of(int64_t G, int64_t *g0, int64_t *g1) {
+    const int64_t T = threads_here(), t = thread_here(), more = t < G % T ? t : G % T;
+    *g0 = t * (G / T) + more, *g1 = *g0 + G / T + (t < G % T);
+}
+
+/* A group's convolution channels run by run: run q < r is head q * G + g's x channels, run r its B's, run
+   r + 1 its C's. The first channel of run q in the cache's layout (x channels rank-major, then B and C
+   group by group), its channels in *n, and where it starts within the group's runs laid end to end. */
+static int64_t group_run(const mamba *L, int64_t g, int64_t q, int64_t *n, int64_t *at) {
+    const int64_t G = L->groups, p = L->head_dim, N = L->state, r = L->heads / G, kp = L->heads * p;
+    *n = q < r ? p : N;
+    *at = q < r ? q * p : r * p + (q - r) * N;
+    return q < r ? (q * G + g) * p : kp + (q - r) * G * N + g * N;
+}
+
+/* The bytes of a group's convolution states, its runs end to end, in whole cache lines. */
+static int64_t group_conv_bytes(const mamba *L) {
+    const int64_t channels = L->heads / L->groups * L->head_dim + 2 * L->state;
+    return (channels * L->conv_k * (L->bf16 ? 2 : 4) + 63) / 64 * 64;
+}
+
+/* Copy group g's convolution states between the cache's layout (`conv`) and its runs end to end (`mine`):
+   into mine where `in`, else back. */
+static void group_conv_state(const mamba *L, void *conv, void *mine, int64_t g, int in) {
+    for (int64_t q = 0, n, at; q < L->heads / L->groups + 2; q++) {
+        void *there = conv_at(L, conv, group_run(L, g, q, &n, &at)), *here = conv_at(L, mine, at);
+        memcpy(in ? here : there, in ? there : here, (size_t)(n * L->conv_k * (L->bf16 ? 2 : 4)));
+    }
+}
+
 /* A thread's own rows for a group (mamba_block): its heads' inputs and outputs, its B and C. */
 static int64_t mamba_own(const mamba *L) {
     const int64_t rp = L->heads / L->groups * L->head_dim;
@@ -599,9 +636,10 @@ static int64_t mamba_scratch(const mamba *L) {
    outputs into y, for out_proj. In place in xbc and y, its writes went to lines the other thread had just
    written or read: where this VM's two vCPUs sat apart, the convolution and SSM update ran 3-4x slower on
    two threads than on one (docs/decode-speed.md, "Where two threads' time goes when the vCPUs sit
-   apart"). In its own rows the demo decodes 1.06-1.08x faster there, 1.01-1.02x where they sit close. */
-static void mamba_block(const mamba *L, const float *in, float *h, void *conv, float *ssm, float *sh, float *x,
-                        float *own, member *me) {
+   apart"). In its own rows the demo decodes 1.06-1.08x faster there, 1.01-1.02x where they sit close.
+   conv_mine: this thread's groups' convolution states for the call (conv_states_in), or NULL: conv's. */
+static void mamba_block(const mamba *L, const float *in, float *h, void *conv, void *conv_mine, float *ssm,
+                        float *sh, float *x, float *own, member *me) {
     const int64_t d = L->d, k = L->heads, G = L->groups, p = L->head_dim, N = L->state;
     const int64_t r = k / G, kp = k * p, gn = G * N, C = kp + 2 * gn;
     /* y on a line of its own (LINE): the threads write their groups' heads of it, a head at a time (a line
@@ -618,12 +656,16 @@ static void mamba_block(const mamba *L, const float *in, float *h, void *conv, f
     }
     meet(me);
     if (G >= threads_here()) {
-        #pragma omp for schedule(static) nowait
-        for (int64_t g = 0; g < G; g++) {
+        int64_t g0, g1;
+        groups_of(G, &g0, &g1);
+        for (int64_t g = g0; g < g1; g++) {
             float *xs = own, *bc = xs + LINE(r * p), *ys = bc + LINE(2 * N);
-            for (int64_t q = 0; q < r; q++) conv_channels(L, conv, xbc, xs + q * p, (q * G + g) * p, (q * G + g + 1) * p);
-            conv_channels(L, conv, xbc, bc, kp + g * N, kp + (g + 1) * N);
-            conv_channels(L, conv, xbc, bc + N, kp + gn + g * N, kp + gn + (g + 1) * N);
+            char *mine = conv_mine ? (char *)conv_mine + (g - g0) * group_conv_bytes(L) : NULL;
+            for (int64_t q = 0, n, at; q < r + 2; q++) { /* its heads' x channels, B's, C's */
+                const int64_t c0 = group_run(L, g, q, &n, &at);
+                void *state = mine ? conv_at(L, mine, at) : conv_at(L, conv, c0);
+                conv_channels(L, state, xbc, q < r ? xs + at : bc + at - r * p, c0, c0 + n);
+            }
             for (int64_t q = 0; q < r; q++) {
                 const int64_t j = q * G + g;
                 ssm_head(L, j, xs + q * p, bc, bc + N, dt[j], ssm, ys + q * p);
@@ -635,7 +677,7 @@ static void mamba_block(const mamba *L, const float *in, float *h, void *conv, f
     } else {
         int64_t c0, c1;
         share(C, &c0, &c1);
-        conv_channels(L, conv, xbc, xbc + c0, c0, c1);
+        conv_channels(L, conv_at(L, conv, c0), xbc, xbc + c0, c0, c1);
         meet(me);
         #pragma omp for schedule(static) nowait
         for (int64_t j = 0; j < k; j++) {
@@ -1059,6 +1101,50 @@ static int64_t first_max(const float *v, int64_t n) {
     return 0; /* n = 0 */
 }
 
+/* Where whole Mamba groups go to each of two or more threads, each thread keeps its groups' convolution
+   states on pages of its own for a call of more than one token: copied in here, back by conv_states_out.
+   In the cache's layout a thread's channels alternate with another's a head at a time, and beside the
+   other thread its convolution of B and C ran 1.5x slower than alone although no line is written by
+   both (likely the hardware prefetcher, following one thread's runs, fetching the lines between them,
+   which the other thread writes at every token); on its own pages, as fast as alone. The demo's greedy
+   runs of 128 tokens: 0.98-1.01x (full) and 1.01-1.03x (small) where the VM's vCPUs sat close,
+   1.03-1.05x and 1.04-1.06x apart. A one-token call paid the copies without the gain (0.99-1.00x), so it keeps the
+   cache's layout (docs/decode-speed.md, "Two threads apart"). mine[i]: block i's, or NULL; returns the
+   memory. */
+static char *conv_states_in(const step *s, void **mine, int64_t tokens) {
+    const int64_t T = tokens > 1 ? threads_here() : 1;
+    int64_t at[s->n], bytes = 0, g0, g1; /* each block's place in the memory, -1 for none */
+    for (int64_t i = 0; i < s->n; i++) {
+        const mamba *L = s->blocks[i].args;
+        at[i] = -1;
+        if (s->blocks[i].kind != 'M' || T == 1 || L->groups < T) continue;
+        groups_of(L->groups, &g0, &g1);
+        at[i] = bytes, bytes += (g1 - g0) * group_conv_bytes(L);
+    }
+    char *all = bytes ? aligned_alloc(4096, (size_t)((bytes + 4095) / 4096 * 4096)) : NULL;
+    for (int64_t i = 0; i < s->n; i++) { /* without the memory, the cache's layout */
+        mine[i] = all && at[i] >= 0 ? all + at[i] : NULL;
+        if (!mine[i]) continue;
+        const mamba *L = s->blocks[i].args;
+        groups_of(L->groups, &g0, &g1);
+        for (int64_t g = g0; g < g1; g++)
+            group_conv_state(L, s->state[2 * i], (char *)mine[i] + (g - g0) * group_conv_bytes(L), g, 1);
+    }
+    return all;
+}
+
+static void conv_states_out(const step *s, void *const *mine, char *all) {
+    for (int64_t i = 0; i < s->n; i++) {
+        if (!mine[i]) continue;
+        const mamba *L = s->blocks[i].args;
+        int64_t g0, g1;
+        groups_of(L->groups, &g0, &g1);
+        for (int64_t g = g0; g < g1; g++)
+            group_conv_state(L, s->state[2 * i], (char *)mine[i] + (g - g0) * group_conv_bytes(L), g, 0);
+    }
+    free(all);
+}
+
 /* Tokens from `token` at position `pos` in one call and one parallel region (per block a call from Python
    costs more than a small block's work, about 6 us each measured with empty blocks, and waking the threads
    once per block about 1 us). With `out` NULL, one step: the logits [V] of `token`. Otherwise up to `n`
@@ -1106,6 +1192,8 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
         if (thread_here() == 0) team_size = team;
         float *x = buf + shared + thread_here() * each, *row = x + dx, *own = x + rows;
         const float *in = embedding(s, token, row); /* the residual stream into the next block */
+        void *conv_mine[blocks];
+        char *conv_memory = conv_states_in(s, conv_mine, n);
         for (int64_t t = 0; t < n; t++) {
             /* a token in four timed, where rebalance keeps shares for the team */
             me.tally = team > 1 && team <= BALANCED && t % 4 == 0 ? tally[thread_here()] : NULL;
@@ -1114,7 +1202,7 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
                 float *b = s->state[2 * i + 1];
                 const void *L = s->blocks[i].args;
                 switch (s->blocks[i].kind) {
-                case 'M': mamba_block(L, in, h, a, b, buf, x, own, &me); break;
+                case 'M': mamba_block(L, in, h, a, conv_mine[i], b, buf, x, own, &me); break;
                 case '*': attention_block(L, in, h, a, b, s->capacity[i], pos + t, buf, x, own, &me); break;
                 case 'E': moe_block(L, in, h, buf, x, &me); break;
                 default: mlp_block(L, in, h, buf, x, &me);
@@ -1136,6 +1224,7 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
             if (stop || t + 1 == n) break;
             in = embedding(s, tok, row);
         }
+        conv_states_out(s, conv_mine, conv_memory);
         _mm_setcsr(own_csr);
     }
     free(buf);
