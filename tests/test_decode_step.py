@@ -282,6 +282,33 @@ def test_attention_read_in_runs_of_positions_decodes_like_the_torch_path_on_any_
     assert torch.equal(got[1][0], got[2][0]) and torch.equal(got[1][0], got[3][0])
 
 
+@pytest.mark.parametrize("groups", [2, 4])
+def test_a_run_ahead_on_several_threads_leaves_one_threads_states_in_the_cache(tmp_path, groups):
+    """A call of several tokens on 2 and 3 threads, each thread with whole Mamba groups (2 groups on 2; 4
+    on 2 and on 3: two, one, one) on pages of its own for the call (step.c's own_states_in): the same
+    tokens as one thread, and the cache's convolution and SSM states after it the same to the bit."""
+    make_checkpoint(tmp_path, seed=8, **dict(ALIGNED, n_groups=groups, ssm_state_size=12))
+    m = elastic_local.load(tmp_path)
+    prompt = torch.randint(0, 96, (1, 7), generator=torch.Generator().manual_seed(9))
+    runs = {}
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            cache = m.net.new_cache()
+            with torch.inference_mode():
+                m.net.forward(prompt, cache=cache)
+                tokens = m.net.decode_greedy(5, cache, 16, [])
+            states = [t.clone() for s in cache.layers if isinstance(s, MambaState) for t in (s.conv, s.ssm)]
+            runs[threads] = tokens, states
+    finally:
+        torch.set_num_threads(before)
+    assert len(runs[1][0]) == 16 and runs[1][1]
+    for threads in (2, 3):
+        assert runs[threads][0] == runs[1][0]
+        assert all(torch.equal(a, b) for a, b in zip(runs[threads][1], runs[1][1], strict=True)), threads
+
+
 def test_a_step_gives_the_same_bits_on_any_thread_count(nested_tails):
     """Every budget's C step on 1, 2, 3, 5 and 8 threads (more than some products have panels), and on one
     more than the cores (step.c's barrier then yields the core instead of spinning): the same logits to the

@@ -132,10 +132,11 @@ def test_rounding_to_bf16_is_torchs_to_nearest_even():
 
 
 def test_a_bfloat16_network_gives_the_same_bits_on_one_thread_and_two(nested_tails):
-    """On two threads each takes one of the two Mamba groups and keeps its groups' bf16 convolution states on
-    pages of its own for a call (step.c's conv_states_in), written back at the end: one-token steps and a
-    run ahead of 40 tokens in one call give one thread's logits and tokens to the bit, and the torch layers
-    continue from the states the C step left in the cache."""
+    """On two threads each takes one of the two Mamba groups, and for a call of more than one token keeps its
+    groups' states (bf16 convolution, float32 SSM) on pages of its own (step.c's own_states_in), written
+    back at the end: one-token steps and a run ahead of 40 tokens give one thread's logits and tokens to
+    the bit; after a call of 12 tokens the cache holds one thread's states, and the torch layers continue
+    from them alike."""
     m = elastic_local.load(nested_tails, dtype=torch.bfloat16)
     ids = torch.randint(0, 96, (1, 30), generator=torch.Generator().manual_seed(6))
     prompt = ids[0, :9].tolist()
@@ -149,14 +150,15 @@ def test_a_bfloat16_network_gives_the_same_bits_on_one_thread_and_two(nested_tai
             cache = m.net.new_cache()
             with torch.no_grad():
                 m.net.forward(ids[:, :8], cache=cache)
-                for t in range(8, 20):
-                    m.net.decode_token(int(ids[0, t]), cache)
+                m.net.decode_greedy(int(ids[0, 8]), cache, 12, [])  # one call of 12 tokens
+            states = [t.clone() for s in cache.layers if hasattr(s, "ssm") for t in (s.conv, s.ssm)]
             with torch.set_grad_enabled(True):  # the torch layers, from the C step's states
-                after = m.net.decode_token(int(ids[0, 20]), cache).float().detach()
-            runs[threads] = steps, ahead, after
+                after = m.net.decode_token(int(ids[0, 21]), cache).float().detach()
+            runs[threads] = steps, ahead, after, states
     finally:
         torch.set_num_threads(before)
     assert isinstance(m.net.c_steps[m.net.resident], step.DecodeStep)
     assert torch.equal(runs[1][0], runs[2][0])
     assert runs[1][1] == runs[2][1] and len(runs[1][1]) == 40
     assert torch.equal(runs[1][2], runs[2][2])
+    assert all(torch.equal(a, b) for a, b in zip(runs[1][3], runs[2][3], strict=True)) and runs[1][3]

@@ -481,11 +481,11 @@ static inline __m256 ssm_rows8(float *s, int64_t N, float a, const float *dx, co
 /* State update and readout of head j (rank j / G of group j % G): its p inputs xs, its group's B and Cm,
    its p outputs y. */
 static void ssm_head(const mamba *L, int64_t j, const float *xs, const float *B, const float *Cm, float dt,
-                     float *ssm, float *y) {
-    const int64_t G = L->groups, p = L->head_dim, N = L->state, g = j % G, r = L->heads / G;
+                     float *slab, float *y) {
+    const int64_t G = L->groups, p = L->head_dim, N = L->state;
     const float dtj = fminf(fmaxf(softplus(dt + L->dt_bias[j]), L->dt_min), L->dt_max);
     const float a = expf(dtj * L->A[j]);
-    float *s = ssm + ((g * r + j / G) * p) * N;
+    float *s = slab + (j / G) * p * N;
     int64_t i = 0;
     if (N % 8 == 0)
         for (; i + 8 <= p; i += 8, s += 8 * N) {
@@ -609,13 +609,22 @@ static int64_t group_conv_bytes(const mamba *L) {
     return (channels * L->conv_k * (L->bf16 ? 2 : 4) + 63) / 64 * 64;
 }
 
-/* Copy group g's convolution states between the cache's layout (`conv`) and its runs end to end (`mine`):
-   into mine where `in`, else back. */
-static void group_conv_state(const mamba *L, void *conv, void *mine, int64_t g, int in) {
+/* The bytes of a group's states on a thread's own pages: its convolution states, then its SSM slab. */
+static int64_t group_state_bytes(const mamba *L) {
+    return group_conv_bytes(L) + L->heads / L->groups * L->head_dim * L->state * 4;
+}
+
+/* Copy group g's states between the cache (`conv` in its layout, `ssm` [G, r, p, N]) and `mine`
+   (group_state_bytes: the convolution runs end to end, then the SSM slab): into mine where `in`, else
+   back. */
+static void group_states(const mamba *L, void *conv, void *ssm, void *mine, int64_t g, int in) {
     for (int64_t q = 0, n, at; q < L->heads / L->groups + 2; q++) {
         void *there = conv_at(L, conv, group_run(L, g, q, &n, &at)), *here = conv_at(L, mine, at);
         memcpy(in ? here : there, in ? there : here, (size_t)(n * L->conv_k * (L->bf16 ? 2 : 4)));
     }
+    const int64_t slab = L->heads / L->groups * L->head_dim * L->state;
+    float *there = (float *)ssm + g * slab, *here = (float *)((char *)mine + group_conv_bytes(L));
+    memcpy(in ? here : there, in ? there : here, sizeof(float) * (size_t)slab);
 }
 
 /* A thread's own rows for a group (mamba_block): its heads' inputs and outputs, its B and C. */
@@ -637,8 +646,8 @@ static int64_t mamba_scratch(const mamba *L) {
    written or read: where this VM's two vCPUs sat apart, the convolution and SSM update ran 3-4x slower on
    two threads than on one (docs/decode-speed.md, "Where two threads' time goes when the vCPUs sit
    apart"). In its own rows the demo decodes 1.06-1.08x faster there, 1.01-1.02x where they sit close.
-   conv_mine: this thread's groups' convolution states for the call (conv_states_in), or NULL: conv's. */
-static void mamba_block(const mamba *L, const float *in, float *h, void *conv, void *conv_mine, float *ssm,
+   own_states: this thread's groups' states for the call (own_states_in), or NULL: conv's and ssm's. */
+static void mamba_block(const mamba *L, const float *in, float *h, void *conv, void *own_states, float *ssm,
                         float *sh, float *x, float *own, member *me) {
     const int64_t d = L->d, k = L->heads, G = L->groups, p = L->head_dim, N = L->state;
     const int64_t r = k / G, kp = k * p, gn = G * N, C = kp + 2 * gn;
@@ -660,7 +669,8 @@ static void mamba_block(const mamba *L, const float *in, float *h, void *conv, v
         groups_of(G, &g0, &g1);
         for (int64_t g = g0; g < g1; g++) {
             float *xs = own, *bc = xs + LINE(r * p), *ys = bc + LINE(2 * N);
-            char *mine = conv_mine ? (char *)conv_mine + (g - g0) * group_conv_bytes(L) : NULL;
+            char *mine = own_states ? (char *)own_states + (g - g0) * group_state_bytes(L) : NULL;
+            float *slab = mine ? (float *)(mine + group_conv_bytes(L)) : ssm + g * r * p * N;
             for (int64_t q = 0, n, at; q < r + 2; q++) { /* its heads' x channels, B's, C's */
                 const int64_t c0 = group_run(L, g, q, &n, &at);
                 void *state = mine ? conv_at(L, mine, at) : conv_at(L, conv, c0);
@@ -668,7 +678,7 @@ static void mamba_block(const mamba *L, const float *in, float *h, void *conv, v
             }
             for (int64_t q = 0; q < r; q++) {
                 const int64_t j = q * G + g;
-                ssm_head(L, j, xs + q * p, bc, bc + N, dt[j], ssm, ys + q * p);
+                ssm_head(L, j, xs + q * p, bc, bc + N, dt[j], slab, ys + q * p);
                 silu_into(ys + q * p, z + j * p, p);
             }
             norm_runs(ys, p, L->gate_norm + g * p, G * p, r, p, L->eps);
@@ -681,7 +691,8 @@ static void mamba_block(const mamba *L, const float *in, float *h, void *conv, v
         meet(me);
         #pragma omp for schedule(static) nowait
         for (int64_t j = 0; j < k; j++) {
-            ssm_head(L, j, xbc + j * p, xbc + kp + j % G * N, xbc + kp + gn + j % G * N, dt[j], ssm, y + j * p);
+            const int64_t g = j % G;
+            ssm_head(L, j, xbc + j * p, xbc + kp + g * N, xbc + kp + gn + g * N, dt[j], ssm + g * r * p * N, y + j * p);
             silu_into(y + j * p, z + j * p, p);
         }
         meet(me);
@@ -1102,16 +1113,18 @@ static int64_t first_max(const float *v, int64_t n) {
 }
 
 /* Where whole Mamba groups go to each of two or more threads, each thread keeps its groups' convolution
-   states on pages of its own for a call of more than one token: copied in here, back by conv_states_out.
-   In the cache's layout a thread's channels alternate with another's a head at a time, and beside the
-   other thread its convolution of B and C ran 1.5x slower than alone although no line is written by
-   both (likely the hardware prefetcher, following one thread's runs, fetching the lines between them,
-   which the other thread writes at every token); on its own pages, as fast as alone. The demo's greedy
-   runs of 128 tokens: 0.98-1.01x (full) and 1.01-1.03x (small) where the VM's vCPUs sat close,
-   1.03-1.05x and 1.04-1.06x apart. A one-token call paid the copies without the gain (0.99-1.00x), so it keeps the
-   cache's layout (docs/decode-speed.md, "Two threads apart"). mine[i]: block i's, or NULL; returns the
-   memory. */
-static char *conv_states_in(const step *s, void **mine, int64_t tokens) {
+   states and SSM slabs on pages of its own for a call of more than one token: copied in here, back by
+   own_states_out. In the cache's layout a thread's convolution channels alternate with another's a head
+   at a time and its SSM slab borders another's; beside the other thread its convolution of B and C ran
+   1.5x slower than alone and its SSM update 1.1x, although no line is written by both (likely the
+   hardware prefetcher, following one thread's runs, fetching the lines beyond them, which the other
+   thread writes at every token); on pages of its own, as fast as alone. The demo's greedy runs of 128
+   tokens, with the convolution states alone: 0.98-1.01x (full) and 1.01-1.03x (small) where the VM's
+   vCPUs sat close, 1.03-1.05x and 1.04-1.06x apart; the SSM slabs as well, a further 0.99-1.00x and
+   1.00x close, 1.01-1.03x and 1.02-1.06x apart. A one-token call paid the copies without the gain
+   (0.99-1.00x), so it keeps the cache's layout (docs/decode-speed.md, "Two threads apart").
+   mine[i]: block i's, or NULL; returns the memory. */
+static char *own_states_in(const step *s, void **mine, int64_t tokens) {
     const int64_t T = tokens > 1 ? threads_here() : 1;
     int64_t at[s->n], bytes = 0, g0, g1; /* each block's place in the memory, -1 for none */
     for (int64_t i = 0; i < s->n; i++) {
@@ -1119,7 +1132,7 @@ static char *conv_states_in(const step *s, void **mine, int64_t tokens) {
         at[i] = -1;
         if (s->blocks[i].kind != 'M' || T == 1 || L->groups < T) continue;
         groups_of(L->groups, &g0, &g1);
-        at[i] = bytes, bytes += (g1 - g0) * group_conv_bytes(L);
+        at[i] = bytes, bytes += (g1 - g0) * group_state_bytes(L);
     }
     char *all = bytes ? aligned_alloc(4096, (size_t)((bytes + 4095) / 4096 * 4096)) : NULL;
     for (int64_t i = 0; i < s->n; i++) { /* without the memory, the cache's layout */
@@ -1127,20 +1140,22 @@ static char *conv_states_in(const step *s, void **mine, int64_t tokens) {
         if (!mine[i]) continue;
         const mamba *L = s->blocks[i].args;
         groups_of(L->groups, &g0, &g1);
-        for (int64_t g = g0; g < g1; g++)
-            group_conv_state(L, s->state[2 * i], (char *)mine[i] + (g - g0) * group_conv_bytes(L), g, 1);
+        for (int64_t g = g0; g < g1; g++) /* group g's states at its place in mine[i] */
+            group_states(L, s->state[2 * i], s->state[2 * i + 1], (char *)mine[i] + (g - g0) * group_state_bytes(L),
+                         g, 1);
     }
     return all;
 }
 
-static void conv_states_out(const step *s, void *const *mine, char *all) {
+static void own_states_out(const step *s, void *const *mine, char *all) {
     for (int64_t i = 0; i < s->n; i++) {
         if (!mine[i]) continue;
         const mamba *L = s->blocks[i].args;
         int64_t g0, g1;
         groups_of(L->groups, &g0, &g1);
         for (int64_t g = g0; g < g1; g++)
-            group_conv_state(L, s->state[2 * i], (char *)mine[i] + (g - g0) * group_conv_bytes(L), g, 0);
+            group_states(L, s->state[2 * i], s->state[2 * i + 1], (char *)mine[i] + (g - g0) * group_state_bytes(L),
+                         g, 0);
     }
     free(all);
 }
@@ -1192,8 +1207,8 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
         if (thread_here() == 0) team_size = team;
         float *x = buf + shared + thread_here() * each, *row = x + dx, *own = x + rows;
         const float *in = embedding(s, token, row); /* the residual stream into the next block */
-        void *conv_mine[blocks];
-        char *conv_memory = conv_states_in(s, conv_mine, n);
+        void *own_states[blocks];
+        char *own_memory = own_states_in(s, own_states, n);
         for (int64_t t = 0; t < n; t++) {
             /* a token in four timed, where rebalance keeps shares for the team */
             me.tally = team > 1 && team <= BALANCED && t % 4 == 0 ? tally[thread_here()] : NULL;
@@ -1202,7 +1217,7 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
                 float *b = s->state[2 * i + 1];
                 const void *L = s->blocks[i].args;
                 switch (s->blocks[i].kind) {
-                case 'M': mamba_block(L, in, h, a, conv_mine[i], b, buf, x, own, &me); break;
+                case 'M': mamba_block(L, in, h, a, own_states[i], b, buf, x, own, &me); break;
                 case '*': attention_block(L, in, h, a, b, s->capacity[i], pos + t, buf, x, own, &me); break;
                 case 'E': moe_block(L, in, h, buf, x, &me); break;
                 default: mlp_block(L, in, h, buf, x, &me);
@@ -1224,7 +1239,7 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
             if (stop || t + 1 == n) break;
             in = embedding(s, tok, row);
         }
-        conv_states_out(s, conv_mine, conv_memory);
+        own_states_out(s, own_states, own_memory);
         _mm_setcsr(own_csr);
     }
     free(buf);
