@@ -1113,7 +1113,7 @@ static int64_t first_max(const float *v, int64_t n) {
 }
 
 /* Where whole Mamba groups go to each of two or more threads, each thread keeps its groups' convolution
-   states and SSM slabs on pages of its own for a call of more than one token: copied in here, back by
+   states and SSM slabs on pages of its own for a call of OWN_STATES_TOKENS or more: copied in here, back by
    own_states_out. In the cache's layout a thread's convolution channels alternate with another's a head
    at a time and its SSM slab borders another's; beside the other thread its convolution of B and C ran
    1.5x slower than alone and its SSM update 1.1x, although no line is written by both (likely the
@@ -1122,10 +1122,12 @@ static int64_t first_max(const float *v, int64_t n) {
    tokens, with the convolution states alone: 0.98-1.01x (full) and 1.01-1.03x (small) where the VM's
    vCPUs sat close, 1.03-1.05x and 1.04-1.06x apart; the SSM slabs as well, a further 0.99-1.00x and
    1.00x close, 1.01-1.03x and 1.02-1.06x apart. A one-token call paid the copies without the gain
-   (0.99-1.00x), so it keeps the cache's layout (docs/decode-speed.md, "Two threads apart").
+   (0.99-1.00x), so a call of fewer than OWN_STATES_TOKENS keeps the cache's layout: the copies grow with
+   the states, the gain with the tokens (docs/decode-speed.md, "Two threads apart").
    mine[i]: block i's, or NULL; returns the memory. */
+#define OWN_STATES_TOKENS 16
 static char *own_states_in(const step *s, void **mine, int64_t tokens) {
-    const int64_t T = tokens > 1 ? threads_here() : 1;
+    const int64_t T = tokens >= OWN_STATES_TOKENS ? threads_here() : 1;
     int64_t at[s->n], bytes = 0, g0, g1; /* each block's place in the memory, -1 for none */
     for (int64_t i = 0; i < s->n; i++) {
         const mamba *L = s->blocks[i].args;
