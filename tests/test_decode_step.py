@@ -284,13 +284,15 @@ def test_attention_read_in_runs_of_positions_decodes_like_the_torch_path_on_any_
 
 @pytest.mark.parametrize("groups", [2, 4])
 def test_a_run_ahead_on_several_threads_leaves_one_threads_states_in_the_cache(tmp_path, groups):
-    """A call of 24 tokens (at least step.c's OWN_STATES_TOKENS) on 2 and 3 threads, each thread with whole
-    Mamba groups (2 groups on 2; 4 on 2 and on 3: two, one, one) on pages of its own for the call
-    (own_states_in): the same tokens as one thread, and the cache's convolution and SSM states after it
-    the same to the bit."""
+    """A call long enough for step.c's own pages (own_states_tokens, and 8 more) on 2 and 3 threads, each
+    thread with whole Mamba groups (2 groups on 2; 4 on 2 and on 3: two, one, one) and their states on
+    pages of its own for the call (own_states_in): the same tokens as one thread, and the cache's
+    convolution and SSM states after it the same to the bit. Without the copy back, either of them, it
+    fails."""
     make_checkpoint(tmp_path, seed=8, **dict(ALIGNED, n_groups=groups, ssm_state_size=12))
     m = elastic_local.load(tmp_path)
     prompt = torch.randint(0, 96, (1, 7), generator=torch.Generator().manual_seed(9))
+    n = gemv.library().own_states_tokens() + 8
     runs = {}
     before = torch.get_num_threads()
     try:
@@ -299,12 +301,12 @@ def test_a_run_ahead_on_several_threads_leaves_one_threads_states_in_the_cache(t
             cache = m.net.new_cache()
             with torch.inference_mode():
                 m.net.forward(prompt, cache=cache)
-                tokens = m.net.decode_greedy(5, cache, 24, [])
+                tokens = m.net.decode_greedy(5, cache, n, [])
             states = [t.clone() for s in cache.layers if isinstance(s, MambaState) for t in (s.conv, s.ssm)]
             runs[threads] = tokens, states
     finally:
         torch.set_num_threads(before)
-    assert len(runs[1][0]) == 24 and runs[1][1]
+    assert len(runs[1][0]) == n and runs[1][1]
     for threads in (2, 3):
         assert runs[threads][0] == runs[1][0]
         assert all(torch.equal(a, b) for a, b in zip(runs[threads][1], runs[1][1], strict=True)), threads

@@ -132,14 +132,15 @@ def test_rounding_to_bf16_is_torchs_to_nearest_even():
 
 
 def test_a_bfloat16_network_gives_the_same_bits_on_one_thread_and_two(nested_tails):
-    """On two threads each takes one of the two Mamba groups, and for a call of more than one token keeps its
-    groups' states (bf16 convolution, float32 SSM) on pages of its own (step.c's own_states_in), written
-    back at the end: one-token steps and a run ahead of 40 tokens give one thread's logits and tokens to
-    the bit; after a call of 16 tokens the cache holds one thread's states, and the torch layers continue
-    from them alike."""
+    """On two threads each takes one of the two Mamba groups, and for a call of own_states_tokens or more
+    keeps its groups' states (bf16 convolution, float32 SSM) on pages of its own (step.c's own_states_in),
+    written back at the end: one-token steps and a run ahead of 40 tokens give one thread's logits and
+    tokens to the bit; after one call of that many tokens the cache holds one thread's states, and the
+    torch layers continue from them alike."""
     m = elastic_local.load(nested_tails, dtype=torch.bfloat16)
     ids = torch.randint(0, 96, (1, 30), generator=torch.Generator().manual_seed(6))
     prompt = ids[0, :9].tolist()
+    n = gemv.library().own_states_tokens()
     runs = {}
     before = torch.get_num_threads()
     try:
@@ -150,10 +151,10 @@ def test_a_bfloat16_network_gives_the_same_bits_on_one_thread_and_two(nested_tai
             cache = m.net.new_cache()
             with torch.no_grad():
                 m.net.forward(ids[:, :8], cache=cache)
-                m.net.decode_greedy(int(ids[0, 8]), cache, 16, [])  # one call of 16 tokens (step.c: OWN_STATES_TOKENS)
+                m.net.decode_greedy(int(ids[0, 8]), cache, n, [])
             states = [t.clone() for s in cache.layers if hasattr(s, "ssm") for t in (s.conv, s.ssm)]
             with torch.set_grad_enabled(True):  # the torch layers, from the C step's states
-                after = m.net.decode_token(int(ids[0, 25]), cache).float().detach()
+                after = m.net.decode_token(5, cache).float().detach()
             runs[threads] = steps, ahead, after, states
     finally:
         torch.set_num_threads(before)

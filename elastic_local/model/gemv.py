@@ -74,6 +74,7 @@ _SIGNATURES = {
     "owned": [_P, _I, _I, _P, _P],
     "meet_time": [_I, _C, _P],
     "meet_check": [_I, _C],
+    "own_states_tokens": [],
     "release_threads": [],
     "float_mode": [],
     "set_float_mode": [_C],

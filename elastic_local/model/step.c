@@ -532,10 +532,11 @@ static inline void conv8(float *s, const float *w, const float *b, const float *
     for (int i = 0; i < 4; i++) _mm256_storeu_ps(s + 8 * i, r[i]);
 }
 
-/* Channel c's convolution state in a state laid out as the cache's ([channels, K], float32 or bf16). */
-static inline void *conv_at(const mamba *L, void *conv, int64_t c) {
-    return (char *)conv + c * L->conv_k * (L->bf16 ? 2 : 4);
-}
+/* The bytes of one channel's convolution state: K values, float32 or (L->bf16) bf16. */
+static inline int64_t conv_row_bytes(const mamba *L) { return L->conv_k * (L->bf16 ? 2 : 4); }
+
+/* Channel c's convolution state in a state laid out as the cache's ([channels, K]). */
+static inline void *conv_at(const mamba *L, void *conv, int64_t c) { return (char *)conv + c * conv_row_bytes(L); }
 
 /* The causal depthwise convolution of channels [c0, c1) of xbc (shift each one's window, one dot), then
    silu, into out [c1 - c0] (which may be xbc + c0); `state` holds the run's states, channel c0's first.
@@ -606,7 +607,7 @@ static int64_t group_run(const mamba *L, int64_t g, int64_t q, int64_t *n, int64
 /* The bytes of a group's convolution states, its runs end to end, in whole cache lines. */
 static int64_t group_conv_bytes(const mamba *L) {
     const int64_t channels = L->heads / L->groups * L->head_dim + 2 * L->state;
-    return (channels * L->conv_k * (L->bf16 ? 2 : 4) + 63) / 64 * 64;
+    return (channels * conv_row_bytes(L) + 63) / 64 * 64;
 }
 
 /* The bytes of a group's states on a thread's own pages: its convolution states, then its SSM slab. */
@@ -620,7 +621,7 @@ static int64_t group_state_bytes(const mamba *L) {
 static void group_states(const mamba *L, void *conv, void *ssm, void *mine, int64_t g, int in) {
     for (int64_t q = 0, n, at; q < L->heads / L->groups + 2; q++) {
         void *there = conv_at(L, conv, group_run(L, g, q, &n, &at)), *here = conv_at(L, mine, at);
-        memcpy(in ? here : there, in ? there : here, (size_t)(n * L->conv_k * (L->bf16 ? 2 : 4)));
+        memcpy(in ? here : there, in ? there : here, (size_t)(n * conv_row_bytes(L)));
     }
     const int64_t slab = L->heads / L->groups * L->head_dim * L->state;
     float *there = (float *)ssm + g * slab, *here = (float *)((char *)mine + group_conv_bytes(L));
@@ -1126,6 +1127,10 @@ static int64_t first_max(const float *v, int64_t n) {
    the states, the gain with the tokens (docs/decode-speed.md, "Two threads apart").
    mine[i]: block i's, or NULL; returns the memory. */
 #define OWN_STATES_TOKENS 16
+
+/* OWN_STATES_TOKENS, for the tests: the calls they make must be as long to take the copies. */
+int own_states_tokens(void) { return OWN_STATES_TOKENS; }
+
 static char *own_states_in(const step *s, void **mine, int64_t tokens) {
     const int64_t T = tokens >= OWN_STATES_TOKENS ? threads_here() : 1;
     int64_t at[s->n], bytes = 0, g0, g1; /* each block's place in the memory, -1 for none */
