@@ -96,7 +96,7 @@ def compare(m, name: str, libs: dict[str, ctypes.CDLL], budget: str | None, reps
             for side, decode in decoders.items():
                 t = time.perf_counter()
                 if greedy:
-                    decode.greedy(5, cache, steps, [])
+                    decode.ahead(5, cache, steps, [])
                 else:
                     for _ in range(steps):
                         decode(5, cache)

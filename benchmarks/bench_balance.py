@@ -82,7 +82,7 @@ def compare(m, lib: ctypes.CDLL, budget: str, reps: int, tokens: int) -> dict:
         for rep in range(reps + 3):  # three rounds to warm up and learn
             for side, decode in sides.items():
                 t = time.perf_counter()
-                decode.greedy(5, cache, tokens, [])
+                decode.ahead(5, cache, tokens, [])
                 if rep >= 3:
                     rates[side].append(tokens / (time.perf_counter() - t))
                 cache.lengths = [prompt]  # the same positions for both sides

@@ -112,7 +112,7 @@ def at_a_real_models_pace(m, monkeypatch) -> None:
 
     monkeypatch.setattr(m.net, "forward", slow(m.net.forward))
     monkeypatch.setattr(m.net, "decode_token", slow(m.net.decode_token))
-    monkeypatch.setattr(m.net, "decode_greedy", slow(m.net.decode_greedy))  # a run ahead's call (one token)
+    monkeypatch.setattr(m.net, "decode_ahead", slow(m.net.decode_ahead))  # a run ahead's call (one token)
 
 
 def runs_ahead(monkeypatch) -> list[int]:

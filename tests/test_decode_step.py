@@ -148,11 +148,11 @@ def test_a_step_without_scratch_memory_says_so_and_leaves_the_cache_length(neste
     with torch.no_grad():
         net.forward(torch.tensor([[1, 2, 3]]), cache=cache)
         c_step = net._c_step(cache)
-        c_step.lib = SimpleNamespace(decode_token=lambda *args: -1, decode_greedy=lambda *args: -1)
+        c_step.lib = SimpleNamespace(decode_token=lambda *args: -1, decode_ahead=lambda *args: -1)
         with pytest.raises(MemoryError, match="decode step's scratch buffer at position 3.*free memory"):
             net.decode_token(4, cache)
         with pytest.raises(MemoryError, match="decode step's scratch buffer at position 3.*free memory"):
-            net.decode_greedy(4, cache, 8, ())
+            net.decode_ahead(4, cache, 8, ())
         assert cache.lengths == [3]
 
 
@@ -301,7 +301,7 @@ def test_a_run_ahead_on_several_threads_leaves_one_threads_states_in_the_cache(t
             cache = m.net.new_cache()
             with torch.inference_mode():
                 m.net.forward(prompt, cache=cache)
-                tokens = m.net.decode_greedy(5, cache, n, [])
+                tokens = m.net.decode_ahead(5, cache, n, [])
             states = [t.clone() for s in cache.layers if isinstance(s, MambaState) for t in (s.conv, s.ssm)]
             runs[threads] = tokens, states
     finally:
@@ -458,7 +458,7 @@ def test_the_convolution_s_vector_and_scalar_channels_decode_like_transformers_a
 
 @pytest.mark.parametrize("name", ["all_kinds", "one_chunk_mha"])
 def test_greedy_tokens_in_one_call_are_transformers_argmax_and_each_steps(tmp_path, name, threads):
-    """`decode_greedy` (many tokens in one C call, the engine's run ahead) against transformers' logits of
+    """`decode_ahead` (many tokens in one C call, the engine's run ahead) against transformers' logits of
     the whole sequence it wrote, and token for token against a decode_token step each."""
     hf = make_checkpoint(tmp_path, seed=4, **CONFIGS[name])
     net = elastic_local.load(tmp_path).net
@@ -466,7 +466,7 @@ def test_greedy_tokens_in_one_call_are_transformers_argmax_and_each_steps(tmp_pa
     with torch.inference_mode():
         caches = [net.new_cache(capacity=8), net.new_cache(capacity=8)]  # the K / V caches grow on the way
         first = [int(net.forward(prompt, cache=c, last_only=True)[0, -1].argmax()) for c in caches][0]
-        got = net.decode_greedy(first, caches[0], 70, ())
+        got = net.decode_ahead(first, caches[0], 70, ())
         want, tok = [], first
         for _ in range(70):
             tok = int(net.decode_token(tok, caches[1]).argmax())
@@ -484,14 +484,14 @@ def test_greedy_stops_at_a_stop_token_and_at_a_halt(nested_tails):
     with torch.inference_mode():
         cache = net.new_cache()
         net.forward(torch.tensor([[1, 2, 3]]), cache=cache)
-        free = net.decode_greedy(4, cache, 30, ())
+        free = net.decode_ahead(4, cache, 30, ())
         stop = free[12]
         cache = net.new_cache()
         net.forward(torch.tensor([[1, 2, 3]]), cache=cache)
-        got = net.decode_greedy(4, cache, 30, (95, stop))
+        got = net.decode_ahead(4, cache, 30, (95, stop))
         assert got == free[: free.index(stop) + 1] and cache.lengths == [3 + len(got)]
         halt = torch.ones(1, dtype=torch.int32)  # set by a switch or cancel from another thread
-        assert net.decode_greedy(got[-1], cache, 30, (), halt) == [free[len(got)]]
+        assert net.decode_ahead(got[-1], cache, 30, (), halt) == [free[len(got)]]
         assert cache.lengths == [4 + len(got)]
 
 
@@ -515,4 +515,4 @@ def test_greedy_takes_the_first_largest_logit_and_a_nan_as_numpy_does(tmp_path):
             for c in caches:
                 net.forward(ids[:, :3], cache=c)
             assert sample(net.decode_token(5, caches[0]), Sampling()) == expect[:1]
-            assert net.decode_greedy(5, caches[1], len(expect), ()) == expect
+            assert net.decode_ahead(5, caches[1], len(expect), ()) == expect

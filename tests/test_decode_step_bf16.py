@@ -151,7 +151,7 @@ def test_a_bfloat16_network_gives_the_same_bits_on_one_thread_and_two(nested_tai
             cache = m.net.new_cache()
             with torch.no_grad():
                 m.net.forward(ids[:, :8], cache=cache)
-                m.net.decode_greedy(int(ids[0, 8]), cache, n, [])
+                m.net.decode_ahead(int(ids[0, 8]), cache, n, [])
             states = [t.clone() for s in cache.layers if hasattr(s, "ssm") for t in (s.conv, s.ssm)]
             with torch.set_grad_enabled(True):  # the torch layers, from the C step's states
                 after = m.net.decode_token(5, cache).float().detach()

@@ -68,7 +68,7 @@ class Admission:
     """How many rows the batch admits: `max_batch`, or one where rows decode faster one at a time, timed on
     the batch's own first jobs.
 
-    Neither always wins. A lone greedy row runs ahead in the C decode step, a batch takes torch's batched
+    Neither always wins. A lone row runs ahead in the C decode step, a batch takes torch's batched
     step: on the demo model on a CPU one at a time made 3.1-3.3x the tokens/s of a batch of 4, while on a 136M
     model a batch of 8 made 1.7-2.0x one at a time (benchmarks/bench_batch.py). So the first jobs run alone until
     PROBE_S of decoding is timed, then batched until as much is; from then on the batch admits up to
@@ -139,7 +139,7 @@ def run_jobs(model: ElasticModel, jobs: list[Job], max_batch: int = 32, memory: 
                 capacity = cap
             waiting.popleft()
             running[gen.add(job.prompt, job.request)] = job
-        # a lone greedy row runs ahead (Generation.run): no job could join it before it finishes anyway (the
+        # a lone row runs ahead (Generation.run): no job could join it before it finishes anyway (the
         # batch would hold more rows otherwise), and a run ahead stops where the row finishes
         rows, start = len(gen.active), time.perf_counter()
         events = gen.step(ahead=True)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from ..model.attention import KVCache
 from ..model.nemotron_h import HybridCache
+from ..model.sample import Params
 from .caches import Session, put_rows, take_rows, transplant
 
 if TYPE_CHECKING:
@@ -121,14 +122,14 @@ class CacheSet:
         return (logits[0][None] if len(logits) == 1 else torch.stack(logits)), seconds, caught
 
     def run_ahead(self, budget: str, seq: list[int], n: int, stops: frozenset[int],
-                  halt: torch.Tensor | None) -> list[int] | None:
-        """Up to `n` greedy tokens of the one row after its last token `seq[-1]` in one call
-        (ElasticModel's decode_greedy: at most until one of `stops`, or `halt` is set), or None where that
-        cannot run: no cache one token behind the row, or no C step for it."""
+                  halt: torch.Tensor | None, draw: tuple[Params, torch.Generator | None] | None) -> list[int] | None:
+        """Up to `n` tokens of the one row after its last token `seq[-1]` in one call, greedy or drawn with
+        `draw` (NemotronH's decode_ahead: at most until one of `stops`, or `halt` is set), or None where
+        that cannot run: no cache one token behind the row, or no C step for it."""
         cache = self.caches.get(budget)
         if cache is None or cache.batch_size != 1 or cache.lengths[0] != len(seq) - 1:
             return None
-        return self.model.net.decode_greedy(seq[-1], cache, n, stops, halt)
+        return self.model.net.decode_ahead(seq[-1], cache, n, stops, halt, draw)
 
     def _cache(self, budget: str, first: list[int], capacity: int) -> HybridCache:
         if budget not in self.caches:

@@ -31,7 +31,7 @@ class ElasticModel:
         self.net, self.path = net, path
         self._budgets = budgets  # every budget the resident weights can run, largest first
         self.tokenizer = tokenizer  # None when the checkpoint has no tokenizer.json
-        # seconds a greedy token of each budget took in its last run ahead (Generation): how far the next one,
+        # seconds a token of each budget took in its last run ahead (Generation): how far the next one,
         # of any generation on this model, goes in one call (its first included: no token spent timing)
         self.token_s: dict[str, float] = {}
 
@@ -110,7 +110,7 @@ class ElasticModel:
                  **options) -> Result | list[Result]:
         """Generate for one prompt (ids) -> Result, or for several (a list of id lists, or [B, T]) ->
         one Result each, decoded together. `cancel` (a threading.Event) stops it before the next step: the
-        next token, or after a run of greedy tokens of at most RUN_AHEAD_S (generate.py)."""
+        next token, or after a run of tokens of at most RUN_AHEAD_S (generate.py)."""
         prompts, single = _prompts(prompt_ids)
         results = Generation(self, prompts, Request(**options), cancel=cancel).collect()
         return results[0] if single else results

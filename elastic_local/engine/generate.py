@@ -7,8 +7,9 @@ token; rows on the same budget decode together, each budget from its own cache (
 control lives in the rows (think token budget, answer limit, stop strings); a live switch
 (`Generation.switch`, from any thread) takes effect at the next token; cancel is checked before every
 step, and a step is never interrupted, so every cache always holds a prefix of its row. A step may run a
-lone greedy row several tokens ahead in one call of the C decode step (`run(ahead=True)`), up to the next
-decision only its Row can make; a switch or cancel stops such a run at the token it arrives in.
+lone row several tokens ahead in one call of the C decode step (`run(ahead=True)`), greedy or sampled (its
+uniform numbers drawn from its generator beforehand, the unused ones given back), up to the next decision
+only its Row can make; a switch or cancel stops such a run at the token it arrives in.
 
 Rows may carry their own Request (budgets, limits, sampling, stops) and may join (`add`) and leave
 between steps: finished rows are dropped from every cache and, for a batch runner, handed out by
@@ -44,7 +45,7 @@ __all__ = ["Generation", "Request", "Specials"]
 # memory follows the tokens actually generated, not the limit.
 PREALLOC_TOKENS = 32768
 
-# How far `run(ahead=True)` lets a lone greedy row run ahead of its events in one call (model.decode_greedy):
+# How far `run(ahead=True)` lets a lone row run ahead of its events in one call (model.decode_ahead):
 # as many tokens as the last ones say fit in this time. On the demo model a token is 60-130 us, and the
 # Python around each step (the call, sampling, the loop) a fifth to a third of it (docs/decode-speed.md, "Greedy tokens
 # ahead"); a model whose token takes longer than this runs one token a call.
@@ -179,7 +180,7 @@ class Generation:
     # ------------------------------------------------------------------------------------------ the loop
 
     def run(self, ahead: bool = False) -> Iterator[Event]:
-        """Events until every row is finished. With `ahead`, a lone greedy row may run up to RUN_AHEAD_S of
+        """Events until every row is finished. With `ahead`, a lone row may run up to RUN_AHEAD_S of
         tokens in one step, their events yielded together after it: for consumers that do not act between
         tokens (collect, a Stream, whose switch and cancel stop a run ahead at the token they arrive in;
         a `cancel` Event set directly is seen after it). The tokens are the same either way."""
@@ -204,7 +205,7 @@ class Generation:
 
     def step(self, ahead: bool = False) -> list[Event]:
         """One token for every active row: each budget in use catches up and decodes, then sampling (with
-        `ahead`, a lone greedy row's run ahead instead: see `run`). A row's phase is charged the step's whole
+        `ahead`, a lone row's run ahead instead: see `run`). A row's phase is charged the step's whole
         wall time, less its prefill: what a caller waited for its token (the forward alone left out 10-20 us
         of a demo model's 70-120: sampling, text, events)."""
         with self._inference:
@@ -250,19 +251,19 @@ class Generation:
         return events
 
     def _run_ahead(self, start: float) -> list[Event] | None:
-        """The lone row's greedy tokens in one call: as many as the budget's last ones on this model say fit in
+        """The lone row's tokens in one call: as many as the budget's last ones on this model say fit in
         RUN_AHEAD_S, QUIET_RUN_AHEAD_S for collect (one the first time, to time it), up to the next decision
-        only its Row can make (Row.run_ahead); None where a normal step runs instead (sampling, a budget
-        catching up, no C step). Each token is its budget's argmax, as a step's would be."""
+        only its Row can make (Row.run_ahead); None where a normal step runs instead (a budget catching up,
+        no C step). Each token is its budget's argmax, or drawn with the generator's next uniform number,
+        as a step's would be (model/sample.c draws for both on the CPU)."""
         row = self.rows[self.active[0]]
         opts = self.options[row.index]
-        if not opts.sampling.greedy:
-            return None
+        draw = None if opts.sampling.greedy else (opts.sampling.params(), opts.generator)
         left, ends = row.run_ahead()
         budget, phase = opts.budget_of[row.phase], row.phase
         token_s = self.model.token_s.get(budget)
         n = max(1, int((QUIET_RUN_AHEAD_S if self._quiet else RUN_AHEAD_S) / token_s)) if token_s else 1
-        tokens = self.states.run_ahead(budget, row.ids, min(n, left), ends, self._halt)
+        tokens = self.states.run_ahead(budget, row.ids, min(n, left), ends, self._halt, draw)
         if tokens is None:
             return None
         self._account(row, budget, 0.0, None)

@@ -1,5 +1,9 @@
 """Next-token choice from logits: greedy argmax at temperature 0, otherwise temperature, top-k, top-p,
-min-p (in that order, as transformers applies them) and a draw from a seeded generator. No penalties."""
+min-p (in that order, as transformers applies them) and a draw from a seeded generator. No penalties.
+
+On the CPU a draw is model/sample.c's (the C decode step's run ahead draws with it too, so a seed gives
+the same tokens whether a step or a run ahead took them); the torch ops here draw elsewhere and stand as
+its oracle in the tests."""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from ..model import sample as c_sample
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,10 @@ class Sampling:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def params(self) -> c_sample.Params:
+        """These settings as model/sample.c reads them (temperature > 0)."""
+        return c_sample.Params(self.top_k, self.temperature, self.top_p, self.min_p)
 
     def generator(self, device: torch.device) -> torch.Generator | None:
         return None if self.seed is None else torch.Generator(device).manual_seed(self.seed)
@@ -78,11 +88,14 @@ def sample(logits: torch.Tensor, s: Sampling, generator: torch.Generator | None 
     Greedy float32 logits on the CPU take numpy's argmax (the same first maximum, NaN counted largest, as
     torch's): right after a decode step, whose weights have pushed the interpreter out of the caches,
     torch's dispatch of one argmax cost the demo model about 20 us a token more (docs/decode-speed.md, "The Python
-    around a token")."""
+    around a token"). Sampled logits on the CPU take model/sample.c's draw, with the generator's next
+    uniform number for each row, as a run ahead does."""
     if s.greedy:
         if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad:
             return logits.numpy().argmax(-1).tolist()
         return logits.argmax(-1).tolist()
+    if (tokens := c_sample.rows(logits, s.params(), generator)) is not None:
+        return tokens
     return draw(logits_to_probs(logits, s), generator).tolist()
 
 

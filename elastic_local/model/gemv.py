@@ -36,8 +36,9 @@ from ..paths import cache_dir
 
 ENV = "ELASTIC_LOCAL_CPU_GEMV"  # "0": never build or use the kernels
 # gemv.c: the products; step.c: whole decode-step blocks built on them (model/step.py), the sequential
-# parts of a Mamba2 prefill (model/kernels.py) and a prefill's routed experts (model/moe.py)
-SOURCES = [Path(__file__).with_name(name) for name in ("gemv.c", "step.c")]
+# parts of a Mamba2 prefill (model/kernels.py) and a prefill's routed experts (model/moe.py); sample.c: a
+# sampled next token (step.c's run ahead, engine/sampling.py)
+SOURCES = [Path(__file__).with_name(name) for name in ("gemv.c", "step.c", "sample.c")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fPIC", "-shared"]
 # Rows of x the decode kernels take: float weights up to MAX_ROWS (past that, float32 weights in column
 # panels take the blocked product, `panels`, any other float weight torch's matmul); packed weights up to
@@ -63,7 +64,8 @@ _SIGNATURES = {
     "gemv_fp8": [_P, _P, _P, _I, _I, _I, _I, _F, _C],
     "gemv_nvfp4": [_P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _C],
     "decode_token": [_P, _I, _I, _P, _C],
-    "decode_greedy": [_P, _I, _I, _I, _P, _I, _P, _P, _P, _C],
+    "decode_ahead": [_P, _I, _I, _I, _P, _I, _P, _P, _P, _P, _P, _C],
+    "sample_rows": [_P, _I, _I, _P, _P, _P, _P, _P],
     "norm_rows": [_P, _P, _I, _P, _P, _I, _I, _I, _I, _F, _C],
     "conv_prefill": [_P, _I, _I, _P, _P, _P, _P, _I, _I, _I, _I, _C, _C],
     "ssm_scan": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _C],

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-from . import graphs, step
+from . import graphs, sample, step
 from .attention import AttentionWeights, KVCache, attention
 from .budget import Budget
 from .config import NemotronHConfig
@@ -334,13 +334,14 @@ class NemotronH:
             return c_step(token, cache)
         return self.forward(torch.tensor([[token]], device=self.device), cache=cache)[:, -1]
 
-    def decode_greedy(self, token: int, cache: HybridCache, n: int, stops: Collection[int],
-                      halt: torch.Tensor | None = None) -> list[int] | None:
-        """Up to `n` greedy tokens of one sequence after `token` in one call of the C step (`DecodeStep.greedy`:
-        where the Python around a step costs a small model a third of its tokens), or None where only
-        `decode_token` serves this cache."""
+    def decode_ahead(self, token: int, cache: HybridCache, n: int, stops: Collection[int],
+                     halt: torch.Tensor | None = None,
+                     draw: tuple[sample.Params, torch.Generator | None] | None = None) -> list[int] | None:
+        """Up to `n` tokens of one sequence after `token` in one call of the C step (`DecodeStep.ahead`:
+        where the Python around a step costs a small model a third of its tokens), greedy or drawn with
+        `draw`, or None where only `decode_token` serves this cache."""
         if self.observer is None and (c_step := self._c_step(cache)) is not None:
-            return c_step.greedy(token, cache, n, stops, halt)
+            return c_step.ahead(token, cache, n, stops, halt, draw)
         return None
 
     def _c_step(self, cache: HybridCache) -> step.DecodeStep | None:

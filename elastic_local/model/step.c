@@ -47,6 +47,8 @@ int bf16_dot(void);
 int product_bf16x(int format, int panel, const uint16_t *x, const void *w, const uint8_t *scales, float *y,
                   int64_t M, int64_t N, int64_t K, int64_t ld, int64_t lds, int64_t skip, float scale);
 enum { DOT_BF16 = 1, DOT_FP8 = 2, DOT_NVFP4 = 3 }; /* gemv.c's PANEL_BF16, PANEL_FP8, PANEL_NVFP4 */
+typedef struct { int64_t top_k; float temperature, top_p, min_p; } sampling; /* sample.c's */
+int64_t sample_row(const float *logits, int64_t V, const sampling *s, float u, float *p, uint64_t *keys);
 
 enum { PANELS_F32, ROWS_F32, ROWS_BF16, FP8, NVFP4, PANELS_BF16 }; /* model/step.py checks the format it writes */
 
@@ -310,6 +312,9 @@ static inline __m256 exp256(__m256 v) {
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(q, _mm256_castsi256_ps(e));
 }
+
+/* exp256 for sample.c's softmax */
+__m256 exp8(__m256 v) { return exp256(v); }
 
 static inline __m256 silu256(__m256 v) { /* v / (1 + e^-v) */
     return _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.f), exp256(_mm256_sub_ps(_mm256_setzero_ps(), v))));
@@ -1170,12 +1175,15 @@ static void own_states_out(const step *s, void *const *mine, char *all) {
 /* Tokens from `token` at position `pos` in one call and one parallel region (per block a call from Python
    costs more than a small block's work, about 6 us each measured with empty blocks, and waking the threads
    once per block about 1 us). With `out` NULL, one step: the logits [V] of `token`. Otherwise up to `n`
-   greedy steps, each next token the first_max of the logits, written to out, the last step's logits left
-   in `logits`. It stops after a token in stops[nstops] (the engine's phase machine decides there) and
-   after the token during which *halt became non-zero (a live switch or a cancel from another thread).
-   Returns the tokens run, or -1 where the scratch buffer could not be allocated. */
+   steps, each next token written to out, the last step's logits left in `logits`: the first_max of the
+   logits, or with `draw` the token u[t] draws (sample.c; thread 0 draws, the others wait at a meeting). It
+   stops after a token in stops[nstops] (the engine's phase machine decides there) and after the token
+   during which *halt became non-zero (a live switch or a cancel from another thread). Returns the tokens
+   run; -1 where the scratch buffer could not be allocated; -2 - t where step t's logits were not finite
+   numbers to draw from (its token consumed, t tokens in out). */
 static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, const int64_t *stops,
-                          int64_t nstops, const int32_t *halt, int64_t *out, float *logits, int threads) {
+                          int64_t nstops, const int32_t *halt, const sampling *draw, const float *u,
+                          int64_t *out, float *logits, int threads) {
     const int64_t blocks = s->n, d = s->d, V = s->lm_head->out;
     int64_t shared = 0, owns = 0; /* the scratch all threads share; the rows each thread owns */
     for (int64_t i = 0; i < blocks; i++) {
@@ -1191,8 +1199,12 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
     const int64_t dx = LINE(d); /* each thread's normed input, a cache line apart */
     const int64_t rows = s->embed_bf16 ? 2 * dx : dx; /* and its copy of a bf16 embedding row, widened */
     const int64_t each = rows + owns;
-    float *buf = aligned_alloc(64, sizeof(float) * (shared + (threads > 1 ? threads : 1) * each)); /* on a line */
+    /* on a line; after the threads' rows, a draw's probabilities [V] and sort keys [V] */
+    const int64_t rows_end = LINE(shared + (threads > 1 ? threads : 1) * each);
+    float *buf = aligned_alloc(64, sizeof(float) * (rows_end + (draw ? LINE(V) + LINE(2 * V) : 0)));
     if (!buf) return -1;
+    float *probs = buf + rows_end;
+    uint64_t *keys = (uint64_t *)(probs + LINE(V));
     float *h = s->h;
     const unsigned int csr = _mm_getcsr(); /* the caller's float mode (torch.set_flush_denormal sets its own
                                               thread's only): every thread routes the MoE blocks itself, so
@@ -1203,6 +1215,7 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
     memset(tally, 0, sizeof tally);
     int64_t ran = 0, team_size = 1;
     int halted = 0; /* thread 0's reading of *halt, shared through the meet after the head */
+    int64_t drawn = 0, bad = -1; /* thread 0's draw, shared through the meet after it; the step it failed */
     #pragma omp parallel num_threads(threads)
     {
         const int64_t team = threads_here(); /* libgomp may give fewer threads than asked */
@@ -1239,7 +1252,17 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
             if (thread_here() == 0) halted = halt && atomic_load_explicit((const _Atomic int32_t *)halt,
                                                                          memory_order_relaxed);
             meet(&me); /* every thread reads the whole of the logits, and `halted` */
-            const int64_t tok = first_max(logits, V);
+            int64_t tok;
+            if (draw) {
+                if (thread_here() == 0) drawn = sample_row(logits, V, draw, u[t], probs, keys);
+                meet(&me);
+                if ((tok = drawn) < 0) {
+                    if (thread_here() == 0) bad = t;
+                    break;
+                }
+            } else {
+                tok = first_max(logits, V);
+            }
             int stop = halted;
             for (int64_t j = 0; j < nstops; j++) stop |= tok == stops[j];
             if (thread_here() == 0) out[t] = tok, ran = t + 1;
@@ -1255,18 +1278,19 @@ static int64_t run_tokens(const step *s, int64_t token, int64_t pos, int64_t n, 
         for (int64_t t = 0; t < team_size; t++) cycles[t] = tally[t][0], weights[t] = tally[t][1];
         rebalance(s->balance, team_size, cycles, weights);
     }
-    return out ? ran : 1;
+    return bad >= 0 ? -2 - bad : out ? ran : 1;
 }
 
 /* logits [V] of `token` at position `pos`; 0, or -1 (no memory for the scratch buffer). */
 int decode_token(const step *s, int64_t token, int64_t pos, float *logits, int threads) {
-    return run_tokens(s, token, pos, 1, NULL, 0, NULL, NULL, logits, threads) < 0 ? -1 : 0;
+    return run_tokens(s, token, pos, 1, NULL, 0, NULL, NULL, NULL, NULL, logits, threads) < 0 ? -1 : 0;
 }
 
-/* Up to n greedy tokens after `token` at `pos` into out (run_tokens); how many, or -1. */
-int decode_greedy(const step *s, int64_t token, int64_t pos, int64_t n, const int64_t *stops, int64_t nstops,
-                  const int32_t *halt, int64_t *out, float *logits, int threads) {
-    return (int)run_tokens(s, token, pos, n, stops, nstops, halt, out, logits, threads);
+/* Up to n tokens after `token` at `pos` into out, greedy or (`draw`) drawn with u[n] (run_tokens); how
+   many, -1 or -2 - t. */
+int decode_ahead(const step *s, int64_t token, int64_t pos, int64_t n, const int64_t *stops, int64_t nstops,
+                 const int32_t *halt, const sampling *draw, const float *u, int64_t *out, float *logits, int threads) {
+    return (int)run_tokens(s, token, pos, n, stops, nstops, halt, draw, u, out, logits, threads);
 }
 
 /* The wall time of one `meet` among `threads` threads, averaged over `rounds` (into *ns): a token of the demo

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from . import gemv
+from . import gemv, sample
 from .budget import Budget
 from .linear import Panels, block
 
@@ -234,7 +234,7 @@ class DecodeStep:
             raise Unsupported("an embedding that is not rows of the network's dtype")
         self.lm_head = weight(block(net.lm_head, 0, net.lm_head.shape[0], d))
         self.embed, self.h = embed, torch.empty(d)
-        self.logits = torch.empty(self.lm_head.out)  # where `greedy` has the head write (its tokens are its result)
+        self.logits = torch.empty(self.lm_head.out)  # where `ahead` has the head write (its tokens are its result)
         n = len(self.blocks)
         self.table = (Block * n)(*(Block(ord(kind), ctypes.addressof(args)) for _, kind, args in self.blocks))
         self.state, self.capacity = (_P * (2 * n))(), (_I * max(n, 1))()  # the cache's
@@ -270,21 +270,32 @@ class DecodeStep:
         team = int(self.balance[0])
         return list(self.balance[1:1 + team]) if team else None
 
-    def greedy(self, token: int, cache: HybridCache, n: int, stops: Collection[int],
-               halt: Tensor | None = None) -> list[int]:
-        """Up to `n` greedy tokens after `token` in one call: each the first largest logit (numpy's argmax, the
-        engine's greedy sampling), ending with the first of `stops`, or with the token during which `halt` (an
-        int32 tensor another thread may set) became non-zero. The cache consumes `token` and every token
-        returned but the last, as that many calls would."""
+    def ahead(self, token: int, cache: HybridCache, n: int, stops: Collection[int], halt: Tensor | None = None,
+              draw: tuple[sample.Params, torch.Generator | None] | None = None) -> list[int]:
+        """Up to `n` tokens after `token` in one call: each the first largest logit (numpy's argmax, the
+        engine's greedy sampling), or with `draw` (parameters, generator) the token that the generator's
+        next uniform number draws (sample.c), ending with the first of `stops`, or with the token during
+        which `halt` (an int32 tensor another thread may set) became non-zero. The cache consumes `token`
+        and every token returned but the last, as that many calls would, and the generator as many
+        uniform numbers as tokens were drawn."""
         out, ends = (_I * n)(), (_I * max(len(stops), 1))(*stops)
+        u = None if draw is None else sample.Uniforms(n, draw[1])
+        params = None if draw is None else ctypes.byref(draw[0])
         with self._lock:
             pos = self._prepare(token, cache, n)
-            ran = self.lib.decode_greedy(self._args, token, pos, n, ends, len(stops),
-                                         None if halt is None else halt.data_ptr(), out, self.logits.data_ptr(),
-                                         torch.get_num_threads())
-        if ran < 0:
+            ran = self.lib.decode_ahead(self._args, token, pos, n, ends, len(stops),
+                                        None if halt is None else halt.data_ptr(), params,
+                                        None if u is None else u.u.data_ptr(), out,
+                                        self.logits.data_ptr(), torch.get_num_threads())
+        if ran == -1:
             raise _out_of_memory(pos)
-        cache.lengths = [pos + ran]
+        failed = ran < -1  # -2 - t: step t's logits were no numbers to draw from, its token consumed
+        ran = -2 - ran if failed else ran
+        cache.lengths = [pos + ran + failed]
+        if u is not None:
+            u.give_back(ran)
+        if failed:
+            raise ValueError(sample.NOT_FINITE)
         return out[:ran]
 
     def _prepare(self, token: int, cache: HybridCache, n: int) -> int:

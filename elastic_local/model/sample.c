@@ -1,0 +1,288 @@
+/* A sampled next token on the CPU: the engine's sampling (engine/sampling.py: temperature, top-k, top-p,
+ * min-p, then one uniform number inverting the cumulative distribution) in C, for step.c's run ahead and
+ * for the engine's own steps on float32 logits.
+ *
+ * Why: sampled tokens went through the Python around a step and a dozen small torch ops each, and the
+ * demo model decoded them at 0.22-0.35x its greedy rate (the small budget at 4,900-5,300 tok/s against
+ * 22,500). In C the run ahead takes sampled tokens as it takes greedy ones, their uniform numbers drawn
+ * in Python from the request's generator beforehand, so a seed gives the same tokens either way.
+ *
+ * On the CPU this is the definition of a draw (engine/sampling.py's `sample` calls it too): torch's ops
+ * stay the oracle in the tests, and a token differs from theirs only where the uniform number falls within
+ * rounding of a boundary between two tokens' cumulative probabilities.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef struct {        /* engine/sampling.py's Sampling, temperature > 0 */
+    int64_t top_k;      /* 0: all tokens */
+    float temperature;
+    float top_p;        /* 1: all tokens */
+    float min_p;        /* 0: off */
+} sampling;
+
+__m256 exp8(__m256 v); /* step.c's exp256: Cephes' expf, within 2 ulp */
+
+/* e^x for x <= 0 (a logit less the largest), 8 at a time; 0 below -87.3, where e^x leaves float32's normal
+   range: there, and for a masked token's -inf, the probability is 0. libm's expf one at a time made 131k
+   logits 0.9 ms. */
+static inline __m256 exp_ps(__m256 x) {
+    return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ), exp8(x));
+}
+
+/* Sum of v[0..n) in double, 8 at a time. */
+static double sum_of(const float *v, int64_t n) {
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(v + i);
+        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
+    }
+    double lanes[4], sum = 0;
+    _mm256_storeu_pd(lanes, _mm256_add_pd(lo, hi));
+    for (int q = 0; q < 4; q++) sum += lanes[q];
+    for (; i < n; i++) sum += v[i];
+    return sum;
+}
+
+/* v[0..n) *= f */
+static void scale_by(float *v, int64_t n, float f) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(v + i, _mm256_mul_ps(_mm256_loadu_ps(v + i), _mm256_set1_ps(f)));
+    for (; i < n; i++) v[i] *= f;
+}
+
+/* v[i] = 0 where v[i] < least */
+static void drop_below(float *v, int64_t n, float least) {
+    int64_t i = 0;
+    const __m256 l = _mm256_set1_ps(least);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(v + i);
+        _mm256_storeu_ps(v + i, _mm256_and_ps(x, _mm256_cmp_ps(x, l, _CMP_GE_OQ)));
+    }
+    for (; i < n; i++)
+        if (v[i] < least) v[i] = 0.0f;
+}
+
+/* The largest of v[0..n) (n >= 1, no NaN). */
+static float largest(const float *v, int64_t n) {
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(v + i));
+    float lanes[8], top = -INFINITY;
+    _mm256_storeu_ps(lanes, m);
+    for (int q = 0; q < 8; q++) top = lanes[q] > top ? lanes[q] : top;
+    for (; i < n; i++) top = v[i] > top ? v[i] : top;
+    return top;
+}
+
+/* The k-th largest of v[0..n) for a small k (k <= KEEP_HEAP): a min-heap of the k largest so far, most
+   values turned away 8 at a time against its least. */
+#define KEEP_HEAP 1024
+static float kth_largest_small(const float *v, int64_t n, int64_t k, float *heap) {
+    int64_t size = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (size == k && i + 8 <= n &&
+            !_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + i), _mm256_set1_ps(heap[0]), _CMP_GT_OQ))) {
+            i += 7;
+            continue;
+        }
+        float x = v[i];
+        if (size < k) { /* sift up */
+            int64_t j = size++;
+            while (j > 0 && heap[(j - 1) / 2] > x) heap[j] = heap[(j - 1) / 2], j = (j - 1) / 2;
+            heap[j] = x;
+        } else if (x > heap[0]) { /* replace the least, sift down */
+            int64_t j = 0;
+            for (;;) {
+                int64_t c = 2 * j + 1;
+                if (c >= k) break;
+                if (c + 1 < k && heap[c + 1] < heap[c]) c++;
+                if (heap[c] >= x) break;
+                heap[j] = heap[c], j = c;
+            }
+            heap[j] = x;
+        }
+    }
+    return heap[0];
+}
+
+/* The k-th largest of v[0..n) (k >= 1), reordering v: Hoare's selection, median-of-three pivots. */
+static float kth_largest(float *v, int64_t n, int64_t k) {
+    int64_t lo = 0, hi = n - 1, want = k - 1;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        float a = v[lo], b = v[mid], c = v[hi];
+        const float pivot = a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
+        int64_t i = lo, j = hi;
+        while (i <= j) { /* descending: the larger values to the left */
+            while (v[i] > pivot) i++;
+            while (v[j] < pivot) j--;
+            if (i <= j) {
+                const float t = v[i];
+                v[i++] = v[j], v[j--] = t;
+            }
+        }
+        if (want <= j) hi = j;
+        else if (want >= i) lo = i;
+        else return v[want];
+    }
+    return v[want];
+}
+
+/* keys[0..n) in descending order (insertion sort below 16, else quicksort on the middle key). */
+static void sort_descending(uint64_t *keys, int64_t n) {
+    while (n > 16) {
+        const uint64_t pivot = keys[n / 2];
+        int64_t i = 0, j = n - 1;
+        while (i <= j) {
+            while (keys[i] > pivot) i++;
+            while (keys[j] < pivot) j--;
+            if (i <= j) {
+                const uint64_t t = keys[i];
+                keys[i++] = keys[j], keys[j--] = t;
+            }
+        }
+        if (j + 1 < n - i) { /* the smaller side by recursion, the larger by the loop */
+            sort_descending(keys, j + 1);
+            keys += i, n -= i;
+        } else {
+            sort_descending(keys + i, n - i);
+            n = j + 1;
+        }
+    }
+    for (int64_t i = 1; i < n; i++) {
+        const uint64_t k = keys[i];
+        int64_t j = i;
+        for (; j > 0 && keys[j - 1] < k; j--) keys[j] = keys[j - 1];
+        keys[j] = k;
+    }
+}
+
+/* A token's rank key: its probability's bits above (a non-negative float's bits order as the float does),
+   then the lower index first among equal probabilities. */
+static inline uint64_t rank_key(float p, int64_t i) {
+    uint32_t bits;
+    memcpy(&bits, &p, 4);
+    return (uint64_t)bits << 32 | (uint32_t)~(uint32_t)i;
+}
+
+/* The top-p nucleus of p[0..V) kept, every other probability zeroed: ranked by probability (the lower
+   index first among equals), a token is kept where the mass ranked before it, summed in rank order in
+   double, is under top_p. Only the tokens of the binades (powers of two) that first reach top_p can be
+   kept, so only they are sorted: a trained model's nucleus is a few tokens of a large vocabulary. */
+static void nucleus(float *p, int64_t V, float top_p, uint64_t *keys) {
+    double binade[160] = {0}; /* binade b: p in [2^-(b+1), 2^-b) (from its exponent bits; 1 in the first) */
+    for (int64_t i = 0; i < V; i++) {
+        uint32_t bits;
+        memcpy(&bits, p + i, 4);
+        const int b = 126 - (int)(bits >> 23);
+        if (bits) binade[b < 0 ? 0 : b] += p[i];
+    }
+    int last = 159;
+    double mass = 0;
+    for (int b = 0; b < 160; b++) {
+        mass += binade[b];
+        if (mass >= top_p) {
+            last = b;
+            break;
+        }
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        /* tokens of binades up to `last`: their probabilities are at least `floor` */
+        const float floor = last >= 159 ? 0.0f : ldexpf(1.0f, -(last + 1));
+        int64_t n = 0;
+        for (int64_t i = 0; i < V; i++)
+            if (p[i] > 0 && p[i] >= floor) keys[n++] = rank_key(p[i], i);
+        sort_descending(keys, n);
+        mass = 0;
+        int64_t cut = n;
+        for (int64_t r = 0; r < n; r++) {
+            float q;
+            const uint32_t bits = (uint32_t)(keys[r] >> 32);
+            memcpy(&q, &bits, 4);
+            if (mass >= top_p) {
+                cut = r;
+                break;
+            }
+            mass += q;
+        }
+        /* every token outside the candidates ranks after all of them; where their mass, in rank order,
+           reached top_p (the binades' sum can differ from it in the last bits), none of those is kept */
+        if (cut < n || mass >= top_p || last >= 159) {
+            for (int64_t i = 0; i < V; i++)
+                if (p[i] < floor) p[i] = 0.0f;
+            for (int64_t r = cut; r < n; r++) p[~(uint32_t)keys[r]] = 0.0f;
+            return;
+        }
+        last = 159; /* all of them, sorted */
+    }
+}
+
+/* The token that u (uniform in [0, 1)) draws from logits[V] under s; p[V] holds its probabilities after
+   (temperature, top-k, softmax, top-p, min-p, normalized, as engine/sampling.py's logits_to_probs), keys[V]
+   is scratch. -1 where they are not finite numbers (a NaN or an infinite logit). */
+int64_t sample_row(const float *logits, int64_t V, const sampling *s, float u, float *p, uint64_t *keys) {
+    const float t = s->temperature;
+    int64_t i = 0;
+    __m256 bad = _mm256_setzero_ps(); /* a NaN or +inf anywhere */
+    for (; i + 8 <= V; i += 8) {
+        const __m256 x = _mm256_loadu_ps(logits + i);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(x, _mm256_set1_ps(INFINITY), _CMP_NLT_UQ));
+        _mm256_storeu_ps(p + i, _mm256_div_ps(x, _mm256_set1_ps(t)));
+    }
+    if (_mm256_movemask_ps(bad)) return -1;
+    for (; i < V; i++) {
+        if (!(logits[i] < INFINITY)) return -1;
+        p[i] = logits[i] / t;
+    }
+    if (s->top_k > 0 && s->top_k < V) {
+        float *v = (float *)keys;
+        float kth;
+        if (s->top_k <= KEEP_HEAP) {
+            kth = kth_largest_small(p, V, s->top_k, v);
+        } else {
+            memcpy(v, p, sizeof(float) * V);
+            kth = kth_largest(v, V, s->top_k);
+        }
+        for (i = 0; i < V; i++)
+            if (p[i] < kth) p[i] = -INFINITY;
+    }
+    const float top = largest(p, V);
+    if (!isfinite(top)) return -1; /* every logit -inf */
+    for (i = 0; i + 8 <= V; i += 8)
+        _mm256_storeu_ps(p + i, exp_ps(_mm256_sub_ps(_mm256_loadu_ps(p + i), _mm256_set1_ps(top))));
+    for (; i < V; i++) {
+        float e[8] = {p[i] - top};
+        _mm256_storeu_ps(e, exp_ps(_mm256_loadu_ps(e)));
+        p[i] = e[0];
+    }
+    scale_by(p, V, (float)(1.0 / sum_of(p, V)));
+    if (s->top_p < 1.0f) nucleus(p, V, s->top_p, keys);
+    if (s->min_p > 0.0f) drop_below(p, V, s->min_p * largest(p, V));
+    scale_by(p, V, (float)(1.0 / sum_of(p, V)));
+    /* invert the cumulative distribution at u x its total, below the total by one float32 step (u x the
+       total could round up to it, past every token): the first token whose cumulative sum exceeds that */
+    const float total = (float)sum_of(p, V), at = u * (total * (1.0f - 0x1p-23f));
+    if (!(total > 0 && total < INFINITY)) return -1;
+    double sum = 0;
+    for (i = 0; i < V; i++) {
+        sum += p[i];
+        if ((float)sum > at) return i;
+    }
+    for (i = V - 1; i >= 0; i--) /* not reached: `at` is below the total */
+        if (p[i] > 0) return i;
+    return -1;
+}
+
+/* rows of logits [rows, V] -> out[rows], row r drawn with u[r] (the engine's steps); probs [V] and keys [V]
+   scratch. 0, or -1 where a row's probabilities are not finite numbers. */
+int sample_rows(const float *logits, int64_t rows, int64_t V, const sampling *s, const float *u, int64_t *out,
+                float *probs, uint64_t *keys) {
+    for (int64_t r = 0; r < rows; r++)
+        if ((out[r] = sample_row(logits + r * V, V, s, u[r], probs, keys)) < 0) return -1;
+    return 0;
+}
