@@ -10,6 +10,7 @@ from textual.app import App
 from textual.binding import Binding
 
 from elastic_local.engine import ElasticModel
+from elastic_local.engine.sampling import Sampling
 
 from .screens.chat import ChatScreen
 from .screens.load import LoadScreen
@@ -75,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         options = Options(model_dir(args.dir), args.profile, args.context, args.budget, args.precision, args.device)
+        sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                        seed=args.seed)
+        Sampling(**sampling)  # a value out of range: one line now, not at the first reply
         store = Store(Path(args.history) if args.history else None)
     except Exception as e:  # one line; a bug's traceback goes to a file (elastic_local.errors)
         from elastic_local.errors import report
@@ -82,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         return report("elastic-chat", e)
     app = ElasticChat(options, store=store, think_budget=args.think_budget, answer_budget=args.answer_budget,
                       thinking=not args.no_think, max_think_tokens=args.max_think_tokens,
-                      max_answer_tokens=args.max_tokens)
+                      max_answer_tokens=args.max_tokens, **sampling)
     app.run()
     return app.return_code or 0
 

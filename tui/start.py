@@ -101,5 +101,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-think-tokens", type=int, default=1024, help="think token budget (default 1024)")
     p.add_argument("--max-tokens", type=int, default=1024, help="answer token limit (default 1024)")
     p.add_argument("--no-think", action="store_true", help="start with thinking off")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; above 0 samples")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="sample from the top-p nucleus (1: all)")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens under min_p x the most likely one")
+    p.add_argument("--seed", type=int, help="seed of the sampling (default: a new one each run)")
     p.add_argument("--history", help="history file (default: chat.sqlite3 in `elastic-local paths`' data dir)")
     return p

@@ -42,6 +42,21 @@ async def test_a_message_gets_folded_thinking_and_a_markdown_answer(model):
         assert app.screen.query_one(PromptInput).text == ""
 
 
+async def test_a_seeded_sampled_chat_replies_as_the_library_does(model):
+    """elastic-chat's --temperature / --top-p / --seed reach the engine: the app's reply is the library
+    chat's with the same sampling (run ahead in the C step there and here), not the greedy one."""
+    opts = dict(temperature=1.0, top_p=0.95, seed=6)  # a seed whose draw leaves the greedy path
+    app = make_app(model, **opts)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await send(pilot, QUESTION)
+        await wait_until(pilot, lambda: session(pilot).turn and session(pilot).turn.reply.status == "done")
+        reply = session(pilot).turn.reply
+    limits = dict(max_think_tokens=200, max_answer_tokens=40)
+    want = model.chat(**opts).send(QUESTION, **limits)
+    greedy = model.chat().send(QUESTION, **limits)
+    assert reply.answer == want.answer_text != greedy.answer_text
+
+
 async def test_the_app_shortens_the_switch_interval_while_it_runs_and_gives_it_back(model):
     """The generation thread waits for the interpreter between C calls; at the default 5 ms a frame the UI
     thread rendered cost it that much each time (README, "The chat app")."""

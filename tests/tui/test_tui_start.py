@@ -82,3 +82,14 @@ async def test_the_loading_screen_opens_the_chat_on_the_cpu_by_default():
         await wait_until(pilot, lambda: isinstance(app.screen, ChatScreen) and isinstance(app.focused, PromptInput),
                          timeout=120)
         assert app.model.device.type == "cpu" and app.model.dtype == torch.float32
+
+
+def test_sampling_flags_reach_the_chat_and_a_bad_one_is_a_one_line_error(monkeypatch, capsys):
+    seen = {}
+    monkeypatch.setattr(ElasticChat, "run", lambda self: seen.update(self.session_options))
+    assert main(["--temperature", "0.7", "--top-k", "40", "--top-p", "0.9", "--min-p", "0.05", "--seed", "3"]) == 0
+    assert {k: seen[k] for k in ("temperature", "top_k", "top_p", "min_p", "seed")} == \
+        dict(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, seed=3)
+    seen.clear()
+    assert main(["--top-p", "0"]) == 2 and not seen  # refused before the app starts
+    assert "top_p=0.0 must be in (0, 1]" in capsys.readouterr().err
