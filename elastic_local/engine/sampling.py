@@ -109,9 +109,7 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch
     c = probs.cumsum(-1)
     total = c[:, -1:]
     if not 0 < float(total.sum()) < math.inf:  # a NaN anywhere fails both comparisons
-        raise ValueError("cannot draw a token: the model's next-token probabilities are not finite numbers "
-                         "(NaN or infinite logits); its weights or the compute dtype overflowed: try dtype "
-                         "float32, or check the checkpoint")
+        raise ValueError(c_sample.NOT_FINITE)
     # u < total even after rounding: below total by 2^-23 of it, at least one float32 step (a uniform
     # number times the total itself could round up to it, past every token)
     u = torch.rand(total.shape, generator=generator, device=c.device, dtype=c.dtype) * (total * (1 - 2**-23))
