@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import subprocess
 import sys
 import tempfile
@@ -140,6 +141,7 @@ def main() -> None:
     p.add_argument("--greedy", action="store_true", help="each rep's steps as one call of greedy tokens")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    os.environ["ELASTIC_LOCAL_STEP_THREADS"] = "fixed"  # exactly that many: model/threads.py chooses no fewer
     import elastic_local
     from elastic_local.model import gemv
 

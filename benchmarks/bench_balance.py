@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import sys
 import tempfile
 import time
@@ -74,7 +75,13 @@ def compare(m, lib: ctypes.CDLL, budget: str, reps: int, tokens: int) -> dict:
     prompt = 32
     cache = m.net.new_cache(1, budget=b, capacity=prompt + tokens + 1)
     sides = {"learned": step.DecodeStep(m.net, b, lib), "equal": step.DecodeStep(m.net, b, lib)}
-    sides["equal"].args.balance = None  # no shares kept: equal ones, every call
+    kept = (ctypes.c_double * (1 + step.BALANCED))()
+
+    def forgotten(count: int) -> ctypes.Array:  # what the last call learned is forgotten: equal shares, every call
+        kept[0] = 0
+        return kept
+
+    sides["equal"].balance = forgotten
     rates: dict[str, list[float]] = {side: [] for side in sides}
     with torch.inference_mode():
         ids = torch.randint(3, m.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(0))
@@ -100,6 +107,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    os.environ["ELASTIC_LOCAL_STEP_THREADS"] = "fixed"  # exactly that many: model/threads.py chooses no fewer
     import elastic_local
     from elastic_local.model import gemv
 

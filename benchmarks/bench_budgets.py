@@ -1,7 +1,7 @@
 """Do smaller budgets decode faster in proportion to the bytes they read? The CPU decode paths side by side.
 
     .venv/bin/python benchmarks/bench_budgets.py [--models demo,gen,gen16] [--reps 5] [--new-tokens 48] [--threads 1]
-                                                 [--variants torch,kernels,stepwise,rows] [--compile] [--bf16]
+                                                 [--variants torch,kernels,stepwise,rows,fixed] [--compile] [--bf16]
 
 Models: the embedded demo model (5.6M parameters, budgets full / mid / small) and bench_generate.py's
 ~136M random nested model (full / mid / small at 60% and 35% of the parameters; built once under
@@ -16,6 +16,8 @@ bytes `read/token` counts, so the same ratios). Each is loaded in float32 once p
               compiled in the warm-up
     bf16      (--bf16) the default loaded with dtype=torch.bfloat16 (the CPU's load where float32 does not fit):
               the same bf16 panels, decode steps in C on a bf16 embedding and bf16 caches
+    fixed     the default model with its C step always on torch's thread count (ELASTIC_LOCAL_STEP_THREADS=fixed),
+              where the default times its counts and runs the fastest (model/threads.py)
     stepwise  the default model with the engine's run ahead off (`Generation._run_ahead` declining): the
               general step, its Python and numpy's argmax for every token, as before greedy tokens ran
               ahead in C
@@ -93,6 +95,31 @@ def kernels_on(on: bool):
 
 
 @contextlib.contextmanager
+def fixed_threads(on: bool):
+    """The C step on torch's thread count (the `fixed` variant), not the count it finds fastest."""
+    from elastic_local.model import threads
+
+    if not on:
+        yield
+        return
+    before = os.environ.get(threads.ENV)
+    os.environ[threads.ENV] = "fixed"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[threads.ENV]
+        else:
+            os.environ[threads.ENV] = before
+
+
+def thread_tokens(m, budget: str) -> dict[int, int]:
+    """The tokens the budget's C step has run on each thread count (model/threads.py)."""
+    c_step = m.net.c_steps.get(m.budget(budget))
+    return dict(c_step.threads.tokens) if c_step is not None else {}
+
+
+@contextlib.contextmanager
 def run_ahead(on: bool):
     """The engine's run ahead of greedy tokens on or off (the `stepwise` variant) for what runs inside."""
     from elastic_local.engine.generate import Generation
@@ -108,7 +135,7 @@ def run_ahead(on: bool):
 
 def decode_tok_s(m, budget: str, new_tokens: int, variant: str = "kernels") -> float:
     prompt = list(range(20, 52))
-    with kernels_on(variant != "torch"), run_ahead(variant != "stepwise"):
+    with kernels_on(variant != "torch"), run_ahead(variant != "stepwise"), fixed_threads(variant == "fixed"):
         st = m.generate(prompt, answer_budget=budget, max_answer_tokens=new_tokens, ignore_eos=True).stats
     return st.answer_tokens / st.answer_s
 
@@ -129,8 +156,8 @@ def bench(name: str, path: Path | None, args) -> dict:
         raise SystemExit("the CPU decode kernels are unavailable here (see the warning): nothing to compare")
     variants = tuple(args.variants.split(",")) + (("compiled",) if args.compile else ()) \
         + (("bf16",) if args.bf16 else ())
-    models = {v: load(path, v) for v in variants if v != "stepwise"}
-    models["stepwise"] = models["kernels"]  # the same weights, the engine set otherwise
+    models = {v: load(path, v) for v in variants if v not in ("stepwise", "fixed")}
+    models["stepwise"] = models["fixed"] = models["kernels"]  # the same weights, the engine set otherwise
     budgets = models["kernels"].budgets
     torch_model = models["torch"] if "torch" in models else load(path, "torch")
     diff = (step_logits(torch_model, False) - step_logits(models["kernels"], True)).abs().max().item()
@@ -139,12 +166,16 @@ def bench(name: str, path: Path | None, args) -> dict:
         for b in budgets:
             decode_tok_s(m, b, 4, v)
     runs = {(v, b): [] for v in variants for b in budgets}
-    meets = []
+    meets, counts = [], {b: {} for b in budgets}  # the kernels' tokens on each thread count
     for _ in range(args.reps):
         meets.append(meeting_ns(args.threads))
         for b in budgets:
             for v in variants:
+                before = thread_tokens(models[v], b)
                 runs[v, b].append(decode_tok_s(models[v], b, args.new_tokens, v))
+                if v == "kernels":
+                    for c, k in thread_tokens(models[v], b).items():
+                        counts[b][c] = counts[b].get(c, 0) + k - before.get(c, 0)
     full = budgets[0]
     rows = []
     for b in budgets:
@@ -167,10 +198,13 @@ def bench(name: str, path: Path | None, args) -> dict:
         # the kernels' efficiency rep by rep, beside that rep's meeting time
         row["kernels_by_rep"] = [k / f / ideal for k, f in zip(runs["kernels", b], runs["kernels", full])]
         rows.append(row)
+    for row in rows:
+        row["kernels_thread_tokens"] = counts[row["budget"]]
     return {"rows": rows, "max_logit_diff": diff, "variants": variants, "meet_ns": meets}
 
 
-RATIOS = (("kernels", "torch"), ("rows", "torch"), ("kernels", "stepwise"), ("compiled", "torch"))
+RATIOS = (("kernels", "torch"), ("rows", "torch"), ("kernels", "stepwise"), ("compiled", "torch"),
+          ("kernels", "fixed"))
 
 
 def meeting_ns(threads: int) -> float:
@@ -203,14 +237,14 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--variants", default="torch,kernels,stepwise,rows",
-                    help="which of torch, kernels, stepwise, rows to run (kernels always)")
+                    help="which of torch, kernels, stepwise, rows, fixed to run (kernels always)")
     ap.add_argument("--compile", action="store_true", help="also the default with a compiled decode step")
     ap.add_argument("--bf16", action="store_true", help="also the default loaded in bfloat16")
     args = ap.parse_args()
-    unknown = set(args.variants.split(",")) - {"torch", "kernels", "stepwise", "rows"}
+    unknown = set(args.variants.split(",")) - {"torch", "kernels", "stepwise", "rows", "fixed"}
     if unknown or "kernels" not in args.variants.split(","):
         raise SystemExit(f"--variants: {', '.join(sorted(unknown)) or 'kernels missing'} (torch, kernels, "
-                         "stepwise, rows; kernels always)")
+                         "stepwise, rows, fixed; kernels always)")
     torch.set_num_threads(args.threads)
     results = {}
     for name in args.models.split(","):
@@ -241,6 +275,10 @@ def main() -> None:
         m = res["meet_ns"]
         print(f"{name:6} a meeting of the C step's {args.threads} thread(s): {min(m):.0f}-{max(m):.0f} ns across the "
               f"reps (median {median(m):.0f}); each token passes two dozen")
+        used = "; ".join(
+            r["budget"] + " " + ", ".join(f"{k} on {c}" for c, k in sorted(r["kernels_thread_tokens"].items()))
+            for r in res["rows"])
+        print(f"{name:6} kernels' tokens by thread count (model/threads.py): {used}")
         for r in res["rows"][1:]:
             effs = sorted(r["kernels_by_rep"])
             line = f"median {median(effs):.2f}, {effs[0]:.2f}-{effs[-1]:.2f}"

@@ -7,6 +7,9 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# the C decode step on torch's thread count, never fewer (model/threads.py): the tests that run it on 3
+# threads must run its parallel paths; tests/test_threads.py turns the choice back on
+os.environ.setdefault("ELASTIC_LOCAL_STEP_THREADS", "fixed")
 
 
 @pytest.fixture(params=[1, 3], ids=["1-thread", "3-threads"])

@@ -347,7 +347,8 @@ def test_the_threads_shares_of_the_products_change_no_bit(nested_tails):
                 want = greedy(m.net, m.budget(name), prompt, 24)[0]
                 m.net.c_steps.clear()
                 m.net.c_steps[m.budget(name)] = c = step.build(m.net, m.budget(name))
-                c.balance[0], c.balance[1:1 + threads] = threads, lopsided
+                balance = c.balance(threads)
+                balance[0], balance[1:1 + threads] = threads, lopsided
                 got = greedy(m.net, m.budget(name), prompt, 24)[0]
                 assert torch.equal(got, want), (threads, name)
                 assert len(c.shares) == threads and sum(c.shares) == pytest.approx(1.0)

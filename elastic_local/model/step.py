@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Collection
 from typing import TYPE_CHECKING
@@ -33,6 +34,7 @@ from torch import Tensor
 from . import gemv, sample
 from .budget import Budget
 from .linear import Panels, block
+from .threads import ThreadCounts
 
 if TYPE_CHECKING:
     from .moe import MoEWeights
@@ -239,13 +241,15 @@ class DecodeStep:
         self.table = (Block * n)(*(Block(ord(kind), ctypes.addressof(args)) for _, kind, args in self.blocks))
         self.state, self.capacity = (_P * (2 * n))(), (_I * max(n, 1))()  # the cache's
         self.attention = [(j, i) for j, (i, kind, _) in enumerate(self.blocks) if kind == "*"]
-        # the threads' shares of the products, learned call by call (step.c's rebalance): [0] the thread
-        # count they are for (0: none yet, equal shares), then one per thread
-        self.balance = (ctypes.c_double * (1 + BALANCED))()
+        # per thread count, the threads' shares of the products, learned call by call (step.c's rebalance):
+        # [0] the thread count they are for (0: none yet, equal shares), then one per thread
+        self.balances: dict[int, ctypes.Array] = {}
+        self.threads = ThreadCounts()  # how many threads a call runs on (threads.py)
+        self.calls = 0  # the first is not timed: it runs on cold caches
         self.args = Step(ctypes.addressof(self.table), n, ctypes.addressof(self.state),
                          ctypes.addressof(self.capacity), self.h.data_ptr(), embed.data_ptr(), embed.stride(0),
                          _floats(net, net.norm_f, keep, slice(d)), ctypes.addressof(self.lm_head), d,
-                         net.cfg.layer_norm_epsilon, ctypes.addressof(self.balance), embed.dtype == torch.bfloat16)
+                         net.cfg.layer_norm_epsilon, None, embed.dtype == torch.bfloat16)
         self._args = ctypes.byref(self.args)
         self._bound: weakref.ref[HybridCache] | None = None  # the cache whose Mamba states `state` holds
         self.lib, self.keep = lib, keep
@@ -259,34 +263,58 @@ class DecodeStep:
         logits = torch.empty(1, self.lm_head.out)
         with self._lock:
             pos = self._prepare(token, cache, 1)
-            if self.lib.decode_token(self._args, token, pos, logits.data_ptr(), torch.get_num_threads()):
+            count, _ = self._threads(1)
+            start = time.perf_counter()
+            if self.lib.decode_token(self._args, token, pos, logits.data_ptr(), count):
                 raise _out_of_memory(pos)
+            self._timed(count, start, 1)
         cache.lengths = [pos + 1]
         return logits
 
     @property
     def shares(self) -> list[float] | None:
-        """Each thread's share of the products as the last call left it (None: equal shares so far)."""
-        team = int(self.balance[0])
-        return list(self.balance[1:1 + team]) if team else None
+        """Each of torch's threads' share of the products as the last call on them left it (None: equal
+        shares so far)."""
+        balance = self.balance(torch.get_num_threads())
+        team = int(balance[0])
+        return list(balance[1:1 + team]) if team else None
+
+    def _threads(self, n: int) -> tuple[int, int]:
+        """The thread count for a call of up to n tokens, and its tokens (ThreadCounts.pick), its shares set."""
+        count, n = self.threads.pick(torch.get_num_threads(), n, time.perf_counter())
+        self.args.balance = ctypes.addressof(self.balance(count))
+        return count, n
+
+    def balance(self, count: int) -> ctypes.Array:
+        """The shares step.c keeps for a team of `count` threads."""
+        return self.balances.setdefault(count, (ctypes.c_double * (1 + BALANCED))())
+
+    def _timed(self, count: int, start: float, tokens: int) -> None:
+        end = time.perf_counter()
+        if self.calls:
+            self.threads.record(count, end - start, tokens, end)
+        self.calls += 1
 
     def ahead(self, token: int, cache: HybridCache, n: int, stops: Collection[int], halt: Tensor | None = None,
               draw: tuple[sample.Params, torch.Generator | None] | None = None) -> list[int]:
-        """Up to `n` tokens after `token` in one call: each the first largest logit (numpy's argmax, the
+        """Up to `n` tokens after `token` in one call (fewer where the call times another thread count:
+        threads.py): each the first largest logit (numpy's argmax, the
         engine's greedy sampling), or with `draw` (parameters, generator) the token that the generator's
         next uniform number draws (sample.c), ending with the first of `stops`, or with the token during
         which `halt` (an int32 tensor another thread may set) became non-zero. The cache consumes `token`
         and every token returned but the last, as that many calls would, and the generator as many
         uniform numbers as tokens were drawn."""
-        out, ends = (_I * n)(), (_I * max(len(stops), 1))(*stops)
-        u = None if draw is None else sample.Uniforms(n, draw[1])
+        ends = (_I * max(len(stops), 1))(*stops)
         params = None if draw is None else ctypes.byref(draw[0])
         with self._lock:
+            count, n = self._threads(n)  # a count timed for a few tokens: fewer than n
+            out, u = (_I * n)(), None if draw is None else sample.Uniforms(n, draw[1])
             pos = self._prepare(token, cache, n)
+            start = time.perf_counter()
             ran = self.lib.decode_ahead(self._args, token, pos, n, ends, len(stops),
                                         None if halt is None else halt.data_ptr(), params,
-                                        None if u is None else u.u.data_ptr(), out,
-                                        self.logits.data_ptr(), torch.get_num_threads())
+                                        None if u is None else u.u.data_ptr(), out, self.logits.data_ptr(), count)
+            self._timed(count, start, ran)
         if ran == -1:
             raise _out_of_memory(pos)
         failed = ran < -1  # -2 - t: step t's logits were no numbers to draw from, its token consumed
