@@ -94,23 +94,13 @@ def kernels_on(on: bool):
         gemv._library = library
 
 
-@contextlib.contextmanager
 def fixed_threads(on: bool):
     """The C step on torch's thread count (the `fixed` variant), not the count it finds fastest."""
+    from unittest import mock
+
     from elastic_local.model import threads
 
-    if not on:
-        yield
-        return
-    before = os.environ.get(threads.ENV)
-    os.environ[threads.ENV] = "fixed"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[threads.ENV]
-        else:
-            os.environ[threads.ENV] = before
+    return mock.patch.dict(os.environ, {threads.ENV: "fixed"}) if on else contextlib.nullcontext()
 
 
 def thread_tokens(m, budget: str) -> dict[int, int]:
