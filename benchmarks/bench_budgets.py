@@ -1,7 +1,8 @@
 """Do smaller budgets decode faster in proportion to the bytes they read? The CPU decode paths side by side.
 
     .venv/bin/python benchmarks/bench_budgets.py [--models demo,gen,gen16] [--reps 5] [--new-tokens 48] [--threads 1]
-                                                 [--variants torch,kernels,stepwise,rows,fixed] [--compile] [--bf16]
+                                                 [--variants torch,kernels,stepwise,rows,fixed,sampled] [--compile]
+                                                 [--bf16]
 
 Models: the embedded demo model (5.6M parameters, budgets full / mid / small) and bench_generate.py's
 ~136M random nested model (full / mid / small at 60% and 35% of the parameters; built once under
@@ -18,6 +19,8 @@ bytes `read/token` counts, so the same ratios). Each is loaded in float32 once p
               the same bf16 panels, decode steps in C on a bf16 embedding and bf16 caches
     fixed     the default model with its C step always on torch's thread count (ELASTIC_LOCAL_STEP_THREADS=fixed),
               where the default times its counts and runs the fastest (model/threads.py)
+    sampled   the default model sampling (temperature 0.8, top_p 0.95, seeded) where the others are greedy:
+              run ahead in C too (model/sample.c)
     stepwise  the default model with the engine's run ahead off (`Generation._run_ahead` declining): the
               general step, its Python and numpy's argmax for every token, as before greedy tokens ran
               ahead in C
@@ -125,8 +128,10 @@ def run_ahead(on: bool):
 
 def decode_tok_s(m, budget: str, new_tokens: int, variant: str = "kernels") -> float:
     prompt = list(range(20, 52))
+    sampling = dict(temperature=0.8, top_p=0.95, seed=0) if variant == "sampled" else {}
     with kernels_on(variant != "torch"), run_ahead(variant != "stepwise"), fixed_threads(variant == "fixed"):
-        st = m.generate(prompt, answer_budget=budget, max_answer_tokens=new_tokens, ignore_eos=True).stats
+        st = m.generate(prompt, answer_budget=budget, max_answer_tokens=new_tokens, ignore_eos=True,
+                        **sampling).stats
     return st.answer_tokens / st.answer_s
 
 
@@ -146,8 +151,9 @@ def bench(name: str, path: Path | None, args) -> dict:
         raise SystemExit("the CPU decode kernels are unavailable here (see the warning): nothing to compare")
     variants = tuple(args.variants.split(",")) + (("compiled",) if args.compile else ()) \
         + (("bf16",) if args.bf16 else ())
-    models = {v: load(path, v) for v in variants if v not in ("stepwise", "fixed")}
-    models["stepwise"] = models["fixed"] = models["kernels"]  # the same weights, the engine set otherwise
+    models = {v: load(path, v) for v in variants if v not in ("stepwise", "fixed", "sampled")}
+    for v in ("stepwise", "fixed", "sampled"):
+        models[v] = models["kernels"]  # the same weights, the engine set otherwise
     budgets = models["kernels"].budgets
     torch_model = models["torch"] if "torch" in models else load(path, "torch")
     diff = (step_logits(torch_model, False) - step_logits(models["kernels"], True)).abs().max().item()
@@ -194,7 +200,7 @@ def bench(name: str, path: Path | None, args) -> dict:
 
 
 RATIOS = (("kernels", "torch"), ("rows", "torch"), ("kernels", "stepwise"), ("compiled", "torch"),
-          ("kernels", "fixed"))
+          ("kernels", "fixed"), ("sampled", "kernels"))
 
 
 def meeting_ns(threads: int) -> float:
@@ -227,14 +233,14 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--variants", default="torch,kernels,stepwise,rows",
-                    help="which of torch, kernels, stepwise, rows, fixed to run (kernels always)")
+                    help="which of torch, kernels, stepwise, rows, fixed, sampled to run (kernels always)")
     ap.add_argument("--compile", action="store_true", help="also the default with a compiled decode step")
     ap.add_argument("--bf16", action="store_true", help="also the default loaded in bfloat16")
     args = ap.parse_args()
-    unknown = set(args.variants.split(",")) - {"torch", "kernels", "stepwise", "rows", "fixed"}
+    unknown = set(args.variants.split(",")) - {"torch", "kernels", "stepwise", "rows", "fixed", "sampled"}
     if unknown or "kernels" not in args.variants.split(","):
         raise SystemExit(f"--variants: {', '.join(sorted(unknown)) or 'kernels missing'} (torch, kernels, "
-                         "stepwise, rows, fixed; kernels always)")
+                         "stepwise, rows, fixed, sampled; kernels always)")
     torch.set_num_threads(args.threads)
     results = {}
     for name in args.models.split(","):
