@@ -112,3 +112,18 @@ def test_the_step_runs_on_the_faster_count_with_the_same_tokens(tmp_path, monkey
         assert tokens[0] == tokens[1]
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(gemv.library() is None, reason="no C compiler: no C decode step")
+def test_a_generation_whose_runs_ahead_come_back_short_gets_the_same_tokens(tmp_path, monkeypatch):
+    """A run ahead that times a count returns fewer tokens than it was asked for; the engine goes on from
+    there: a seeded sampled request and a greedy one, thinking then answering, get the tokens of runs that
+    were never cut short."""
+    m = elastic_model(tmp_path, seed=3)
+    prompt = m.chat_prompt("a question")
+    opts = dict(think_budget="small", max_think_tokens=9, max_answer_tokens=20, ignore_eos=True,
+                think_close="ok.")
+    want = [m.generate(prompt, **opts).ids, m.generate(prompt, temperature=1.0, seed=4, **opts).ids]
+    monkeypatch.setattr(ThreadCounts, "pick", lambda self, most, n, now: (1, min(n, 3)))
+    got = [m.generate(prompt, **opts).ids, m.generate(prompt, temperature=1.0, seed=4, **opts).ids]
+    assert got == want
