@@ -4,6 +4,7 @@
     /think on|off                   thinking for the next messages
     /think 256                      the think token budget (tokens before the engine closes thinking)
     /system TEXT                    this conversation's system prompt (empty: none)
+    /sample temperature=0.7 top_p=0.9  sampling (also top_k=, min_p=, seed=); /sample off: greedy
     /new                            a new conversation
     /export                         write this conversation as Markdown and JSON
     /help                           every key and command
@@ -22,8 +23,9 @@ class CommandError(ValueError):
 
 @dataclass(frozen=True)
 class Command:
-    name: str  # "budget" | "think" | "system" | "new" | "export" | "help"
+    name: str  # "budget" | "think" | "system" | "sample" | "new" | "export" | "help"
     budgets: dict[str, str] = field(default_factory=dict)
+    sampling: dict[str, float | int | None] = field(default_factory=dict)  # /sample's settings
     thinking: bool | None = None
     think_tokens: int | None = None
     text: str = ""
@@ -51,8 +53,33 @@ def parse(line: str) -> Command:
         raise CommandError(f"/think {rest}: write /think on, /think off or /think N (the think token budget)")
     if name == "system":
         return Command("system", text=rest)
+    if name == "sample":
+        return Command("sample", sampling=_sampling(rest))
     if name in ("new", "export", "help"):
         if rest:
             raise CommandError(f"/{name} takes nothing after it")
         return Command(name)
     raise CommandError(f"unknown command /{name}; /help lists them")
+
+
+SAMPLE_HOW = "write /sample temperature=T top_p=P top_k=K min_p=P seed=N (any of them), or /sample off"
+
+
+def _sampling(rest: str) -> dict[str, float | int | None]:
+    """/sample's settings: "off" is greedy (temperature 0); seed=none draws a new seed each reply. Their
+    ranges are the engine's to check (Sampling), against the settings they join."""
+    if rest == "off":
+        return {"temperature": 0.0}
+    out: dict[str, float | int | None] = {}
+    for part in rest.split():
+        key, sep, value = part.partition("=")
+        if key not in ("temperature", "top_p", "top_k", "min_p", "seed") or not sep or not value:
+            raise CommandError(f"/sample {rest}: {SAMPLE_HOW}")
+        try:
+            out[key] = None if key == "seed" and value == "none" else \
+                int(value) if key in ("top_k", "seed") else float(value)
+        except ValueError:
+            raise CommandError(f"/sample {rest}: {key} takes a number; {SAMPLE_HOW}") from None
+    if not out:
+        raise CommandError(f"/sample: {SAMPLE_HOW}")
+    return out

@@ -13,9 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from elastic_local.engine import ElasticModel, Stream
+from elastic_local.engine.sampling import Sampling
 
 from .reply import Reply
 from .store import Conversation, Store
+
+SAMPLING = ("temperature", "top_k", "top_p", "min_p", "seed")  # Request's sampling options
 
 
 @dataclass
@@ -41,6 +44,8 @@ class ChatSession:
         self.thinking = thinking
         self.max_think_tokens, self.max_answer_tokens = max_think_tokens, max_answer_tokens
         self.precision = precision
+        self.sampling = {k: options.pop(k) for k in SAMPLING if k in options}  # the next replies', /sample
+        Sampling(**self.sampling)  # out of range: say so now, not at the first reply
         self.options = options
         self.chat = model.chat(**options)
         self.turn: Turn | None = None
@@ -48,6 +53,15 @@ class ChatSession:
     @property
     def streaming(self) -> bool:
         return self.turn is not None and self.turn.reply.status == "streaming"
+
+    # ------------------------------------------------------------------------------------ sampling
+
+    def set_sampling(self, **changes) -> Sampling:
+        """Sample the next replies with `changes` over the settings so far (temperature 0: greedy); a value
+        out of range raises ValueError and changes nothing."""
+        sampling = Sampling(**{**self.sampling, **changes})
+        self.sampling.update(changes)
+        return sampling
 
     # ------------------------------------------------------------------------------------ budgets
 
@@ -107,7 +121,7 @@ class ChatSession:
         try:
             turn.stream = self.chat.stream(turn.prompt, think=r.thinking, think_budget=r.think_budget,
                                            answer_budget=r.answer_budget, max_think_tokens=self.max_think_tokens,
-                                           max_answer_tokens=self.max_answer_tokens)
+                                           max_answer_tokens=self.max_answer_tokens, **self.sampling)
         except Exception as e:  # the history says so too, as for a failure mid-reply
             r.status, r.error = "error", f"{type(e).__name__}: {e}"
             self.save(r)

@@ -57,6 +57,28 @@ async def test_a_seeded_sampled_chat_replies_as_the_library_does(model):
     assert reply.answer == want.answer_text != greedy.answer_text
 
 
+async def test_sample_switches_the_next_replies_between_sampling_and_greedy(model):
+    """/sample temperature=1 top_p=0.95 seed=6: the next reply is the library chat's with that sampling;
+    a value out of range is an error that changes nothing; /sample off: greedy again."""
+    limits = dict(max_think_tokens=200, max_answer_tokens=40)
+    sampled = model.chat(temperature=1.0, top_p=0.95, seed=6).send(QUESTION, **limits).answer_text
+    greedy = model.chat().send(QUESTION, **limits).answer_text
+    assert sampled != greedy
+    app = make_app(model)
+    async with app.run_test(size=(80, 24)) as pilot:
+        replies = []
+        for command in ("/sample temperature=1 top_p=0.95 seed=6", "/sample top_p=2", "/sample off"):
+            await send(pilot, command)
+            await pilot.pause()
+            await send(pilot, QUESTION)
+            await wait_until(pilot, lambda: session(pilot).turn and session(pilot).turn.reply.status == "done")
+            replies.append(session(pilot).turn.reply.answer)
+            await send(pilot, "/new")
+            await pilot.pause()
+        assert session(pilot).sampling == {"temperature": 0.0, "top_p": 0.95, "seed": 6}
+    assert replies == [sampled, sampled, greedy]
+
+
 async def test_the_app_shortens_the_switch_interval_while_it_runs_and_gives_it_back(model):
     """The generation thread waits for the interpreter between C calls; at the default 5 ms a frame the UI
     thread rendered cost it that much each time (README, "The chat app")."""

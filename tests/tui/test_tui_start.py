@@ -93,3 +93,14 @@ def test_sampling_flags_reach_the_chat_and_a_bad_one_is_a_one_line_error(monkeyp
     seen.clear()
     assert main(["--top-p", "0"]) == 2 and not seen  # refused before the app starts
     assert "top_p=0.0 must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_sample_commands_parse_and_say_how_to_write_them():
+    from elastic_local.tui.commands import CommandError, parse
+
+    assert parse("/sample temperature=0.7 top_k=40 seed=3").sampling == {"temperature": 0.7, "top_k": 40, "seed": 3}
+    assert parse("/sample off").sampling == {"temperature": 0.0}
+    assert parse("/sample seed=none").sampling == {"seed": None}
+    for bad in ("/sample", "/sample heat=2", "/sample top_p=", "/sample top_k=1.5"):
+        with pytest.raises(CommandError, match="/sample temperature=T"):
+            parse(bad)

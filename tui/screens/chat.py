@@ -226,6 +226,14 @@ class ChatScreen(Screen):
         elif c.name == "system":
             self.store.set_system(self.conversation_id, c.text)
             self.notify(f"system prompt: {c.text}" if c.text else "no system prompt")
+        elif c.name == "sample":
+            try:
+                s = self.session.set_sampling(**c.sampling)
+            except ValueError as e:
+                raise CommandError(f"/sample: {e}") from None
+            self.notify("greedy" if s.greedy else
+                        f"sampling: temperature {s.temperature}, top_p {s.top_p}, top_k {s.top_k}, min_p {s.min_p}, "
+                        f"seed {'new each reply' if s.seed is None else s.seed}")
         elif c.name == "new":
             await self.action_new()
         elif c.name == "export":
