@@ -24,7 +24,8 @@ bytes `read/token` counts, so the same ratios). Each is loaded in float32 once p
     stepwise  the default model with the engine's run ahead off (`Generation._run_ahead` declining): the
               general step, its Python and numpy's argmax for every token, as before greedy tokens ran
               ahead in C
-Batch-1 greedy decode of --new-tokens tokens after a 32-token prompt, eos ignored, through
+Batch-1 greedy decode (sampled in the `sampled` variant) of --new-tokens tokens after a 32-token prompt, eos
+ignored, through
 `m.generate`; runs interleaved (rep, budget, variant) because the machine is shared and noisy; medians.
 `--variants kernels` runs a rep's budgets back to back (milliseconds apart on the demo, where all four
 variants put a torch run of hundreds of ms between them): the tightest pairs, for the efficiency alone.
