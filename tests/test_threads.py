@@ -34,16 +34,32 @@ def drive(t: ThreadCounts, most: int, pace: dict[int, float], start: float, seco
 
 def test_a_faster_fewer_count_takes_over_and_the_other_is_timed_again_each_retime():
     t = ThreadCounts()
-    calls, now = drive(t, 2, {2: 100e-6, 1: 60e-6}, 0.0, 3.0)
+    calls, now = drive(t, 2, {2: 100e-6, 1: 60e-6}, 0.0, 3.5 * RETIME_S)
     assert calls[0] == (2, 100)  # nothing timed: torch's count
     assert calls[1] == (1, int(EXPLORE_S / 200e-6))  # one thread, predicted 200 us a token: 2 ms of them
     on_two = [k for c, k in calls[2:] if c == 2]
-    assert len(on_two) == 2 and set(on_two) == {int(EXPLORE_S / 100e-6)}  # timed again at 1 s and 2 s
-    calls, _ = drive(t, 2, {2: 40e-6, 1: 60e-6}, now, 3.0)  # the placement changed: two threads faster
+    # timed again after 1, 2 and 3 RETIME_S, for 2 ms at the pace one thread's predicts for two (60 us / 2)
+    assert len(on_two) == 3 and set(on_two) == {int(EXPLORE_S / 30e-6)}
+    calls, _ = drive(t, 2, {2: 40e-6, 1: 60e-6}, now, 3.5 * RETIME_S)  # the placement changed: two faster
     switched = next(i for i, (c, k) in enumerate(calls) if c == 2)
     assert sum(k for c, k in calls[:switched]) * 60e-6 <= RETIME_S + 0.01
     later = calls[switched + 1:]
     assert [c for c, _ in later].count(1) <= 3 and sum(k for c, k in later if c == 1) * 60e-6 <= 3 * EXPLORE_S
+
+
+def test_one_slow_call_on_the_count_in_use_hands_nothing_over():
+    """A vCPU taken away mid-call makes one call on two threads ten times slower: two threads' pace stays
+    their fastest this window, and one thread, timed after it, takes over only if it beats that by a tenth."""
+    t = ThreadCounts()
+    for i in range(5):
+        t.record(2, 50e-6, 1, 0.01 * i)
+    t.record(2, 500e-6, 1, 0.05)  # the slow call
+    c, k = t.pick(2, 100, 0.06)
+    assert c == 1
+    t.record(1, k * 80e-6, k, 0.07)
+    assert t.current == 2 and t.pick(2, 100, 0.08) == (2, 100)
+    t.record(1, 40e-6, 1, 0.09 + RETIME_S)  # timed again: now it beats two threads' 50 us by a tenth
+    assert t.current == 1
 
 
 def test_a_timing_never_runs_past_explore_s():
