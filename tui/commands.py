@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .session import SAMPLING
+
 HELP = [line.strip() for line in __doc__.splitlines()[2:] if line.strip()]
 
 
@@ -73,7 +75,7 @@ def _sampling(rest: str) -> dict[str, float | int | None]:
     out: dict[str, float | int | None] = {}
     for part in rest.split():
         key, sep, value = part.partition("=")
-        if key not in ("temperature", "top_p", "top_k", "min_p", "seed") or not sep or not value:
+        if key not in SAMPLING or not sep or not value:
             raise CommandError(f"/sample {rest}: {SAMPLE_HOW}")
         try:
             out[key] = None if key == "seed" and value == "none" else \
