@@ -77,13 +77,14 @@ def read_bytes(m, budget: str) -> int:
 
 def all_read_bytes(m, budget: str, weight_bytes: int, position: float) -> float:
     """Everything a decoded token at `position` reads: its weights at `weight_bytes` each, its embedding
-    row, the Mamba blocks' convolution windows and SSM states and the K / V caches (float32, the load's
-    compute dtype; cost.ArchShape, which takes the budget's largest Mamba block for each)."""
+    row as the load keeps it, the Mamba blocks' convolution windows and SSM states and the K / V caches
+    (float32, the load's compute dtype; cost.ArchShape, which takes the budget's largest Mamba block for
+    each)."""
     from elastic_local.model.cost import arch_shape
 
     shape = arch_shape(m.config, m.budget(budget))
-    return (read_bytes(m, budget) / 4 + m.budget(budget).hidden) * weight_bytes + shape.state_bytes() \
-        + shape.kv_bytes(position, 4)
+    embedding_row = m.budget(budget).hidden * m.net.embed.element_size()
+    return read_bytes(m, budget) / 4 * weight_bytes + embedding_row + shape.state_bytes() + shape.kv_bytes(position, 4)
 
 
 @contextlib.contextmanager

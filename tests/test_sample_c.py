@@ -18,11 +18,11 @@ pytestmark = pytest.mark.skipif(gemv.library() is None, reason="no C compiler: t
 
 SETTINGS = [
     Sampling(temperature=1.0),
-    Sampling(temperature=0.7, top_k=5),
+    Sampling(temperature=0.7, top_k=5),  # the heap from 80 tokens (16 k), the selection below
     Sampling(temperature=1.0, top_p=0.9),
     Sampling(temperature=1.3, top_p=0.5, min_p=0.05),
     Sampling(temperature=0.5, top_k=50, top_p=0.95, min_p=0.01),
-    Sampling(temperature=2.0, top_k=1500, top_p=0.99),  # past the heap's k: the selection instead
+    Sampling(temperature=2.0, top_k=1500, top_p=0.99),  # the selection below 24,000 tokens, the heap above
 ]
 
 

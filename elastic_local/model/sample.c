@@ -79,9 +79,11 @@ static float largest(const float *v, int64_t n) {
     return top;
 }
 
-/* The k-th largest of v[0..n) for a small k (k <= KEEP_HEAP): a min-heap of the k largest so far, most
-   values turned away 8 at a time against its least. */
-#define KEEP_HEAP 1024
+/* The k-th largest of v[0..n) for a k small beside n (16 k <= n): a min-heap of the k largest so far, most
+   values turned away 8 at a time against its least. A scratch harness, a whole draw at temperature 0.8 on
+   random logits: at 131,072 tokens, top_k 40 took 0.40 ms this way against 0.90 by kth_largest's
+   selection, top_k 1000 0.76 against 0.88; at 512 tokens, top_k 40, 2.7 us against 2.1, where a fifth of
+   the values still reach the heap. */
 static float kth_largest_small(const float *v, int64_t n, int64_t k, float *heap) {
     int64_t size = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -285,7 +287,7 @@ int64_t sample_row(const float *logits, int64_t V, const sampling *s, float u, f
     if (s->top_k > 0 && s->top_k < V) {
         float *v = (float *)keys;
         float kth;
-        if (s->top_k <= KEEP_HEAP) {
+        if (16 * s->top_k <= V) {
             kth = kth_largest_small(p, V, s->top_k, v);
         } else {
             memcpy(v, p, sizeof(float) * V);
