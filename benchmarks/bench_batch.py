@@ -2,12 +2,15 @@
 against the fit planner's figure.
 
     .venv/bin/python benchmarks/bench_batch.py [--model demo|random] [--requests 16] [--batches 4,8,16]
-        [--mixes short,mixed,long] [--reps 3] [--threads N] [--skip-memory]
+        [--mixes short,mixed,long] [--reps 3] [--threads N] [--skip-memory] [--skip-throughput]
 
 The model: the embedded demo model (`elastic_local.load()`) when it is installed, else (or with
 `--model random`) bench_generate.py's 136M-parameter random nested model (budgets full / mid / small,
 `</think>` pinned so thinking always ends at the think budget). Float32, as the CLI loads on a CPU.
 
+0. the batched step: one decode step of 1 and of each `--batches` rows (positions 20-40), step.c's
+   rows (`DecodeStep.rows`: every product once for all the rows) against the torch layers (the batched
+   step before it), and its tokens a second against one row's C step; medians, interleaved.
 1. throughput: `--requests` requests per mix of prompt lengths. On the demo model: chat requests of its
    own held-out questions, "short" (one question, ~20 tokens), "long" (the question after 8 earlier
    answered turns, ~200-400 tokens), "mixed" (0-8 earlier turns). On the random model: /v1/completions
@@ -33,6 +36,7 @@ one JSON object with every number.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -130,6 +134,61 @@ def batched(m, jobs, max_batch: int, fixed: bool = True) -> tuple[float, dict]:
     return time.perf_counter() - t, out
 
 
+@contextlib.contextmanager
+def torch_layers(m):
+    """Every decode step on the torch layers (the batched step before step.c's decode_rows)."""
+    from unittest import mock
+
+    from elastic_local.model import step
+
+    m.net.c_steps.clear()
+    with mock.patch.object(step, "build", lambda net, b: None):
+        yield
+    m.net.c_steps.clear()
+
+
+@torch.inference_mode()
+def step_seconds(m, rows: int, steps: int = 20) -> float:
+    """Seconds of one decode step of `rows` rows on the largest budget, at positions 20-40 (rows prefilled
+    alone, then stacked), the median of `steps` steps."""
+    from elastic_local.model.nemotron_h import HybridCache
+
+    g = torch.Generator().manual_seed(rows)
+    caches = []
+    for r in range(rows):
+        c = m.new_cache(1)
+        m.forward(torch.randint(10, m.config.vocab_size, (1, 20 + r % 20), generator=g), cache=c)
+        caches.append(c)
+    cache = caches[0] if rows == 1 else HybridCache.stack(caches)
+    ids = torch.randint(10, m.config.vocab_size, (rows, 1), generator=g)
+    times = []
+    for _ in range(steps + 2):
+        t = time.perf_counter()
+        m.forward(ids, cache=cache)
+        times.append(time.perf_counter() - t)
+    return median(times[2:])
+
+
+def bench_step(m, args) -> dict:
+    """The batched decode step alone: step.c's rows (one product per weight for every row) against the
+    torch layers, and against one row's C step, interleaved."""
+    sizes = [1, *args.batches]
+    times = {(b, way): [] for b in sizes for way in ("c", "torch")}
+    for _ in range(args.reps):
+        for b in sizes:
+            times[(b, "c")].append(step_seconds(m, b))
+            with torch_layers(m):
+                times[(b, "torch")].append(step_seconds(m, b))
+    one = median(times[(1, "c")])
+    report = {}
+    for b in sizes:
+        c, t = median(times[(b, "c")]), median(times[(b, "torch")])
+        report[b] = {"c_ms": 1e3 * c, "torch_ms": 1e3 * t, "c_tps": b / c, "vs_torch": t / c, "vs_one_row": b * one / c}
+        print(f"step of {b:>2} rows: C {1e3 * c:6.3f} ms ({b / c:8.0f} tok/s) | torch layers {1e3 * t:6.3f} ms | "
+              f"C x{t / c:.2f} torch's, x{b * one / c:.2f} one row's tok/s", file=sys.stderr)
+    return report
+
+
 def bench_throughput(m, args) -> dict:
     report = {}
     batched(m, jobs_for(m, "short", 2, True), 2)  # warm-up
@@ -220,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="interleaved runs of each, medians (default 3)")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--skip-throughput", action="store_true", help="the batched step alone")
     ap.add_argument("--memory-case", nargs=3, metavar=("PATH", "REQUESTS", "BATCH"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.threads:
@@ -233,8 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     path = model_path(args.model)
     m = load(path, torch.float32)
     print(f"model: {m.path} budgets {m.budgets}, {torch.get_num_threads()} threads", file=sys.stderr)
-    report = {"model": str(m.path), "budgets": m.budgets, "requests": args.requests,
-              "throughput": bench_throughput(m, args)}
+    report = {"model": str(m.path), "budgets": m.budgets, "requests": args.requests, "step": bench_step(m, args)}
+    if not args.skip_throughput:
+        report["throughput"] = bench_throughput(m, args)
     if not args.skip_memory:
         report["memory"] = bench_memory(path, args)
     print(json.dumps(report))

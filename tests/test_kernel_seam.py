@@ -3,6 +3,7 @@ through fakes that check what mamba_ssm, causal_conv1d and torch._scaled_mm chec
 and computes what the torch path computes, so a wrong argument fails here and not on a user's GPU."""
 
 from dataclasses import replace
+from unittest import mock
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from kernel_twins import (
 from tiny import ALIGNED, make_checkpoint
 
 from elastic_local.checkpoint.load import load_network
-from elastic_local.model import Budget, kernels
+from elastic_local.model import Budget, kernels, step
 from elastic_local.model.mamba2 import MambaState
 
 
@@ -46,7 +47,14 @@ def half_mamba(net) -> Budget:
 @torch.inference_mode()
 def run(net, ids: torch.Tensor, budget: Budget | None):
     """Logits of a whole-sequence forward, then of a prefill, a continuing prefill and decode steps on one
-    cache, and that cache's Mamba states."""
+    cache, and that cache's Mamba states. The CPU's C decode step stays out: the steps run the layers, and
+    so the seam."""
+    net.c_steps.clear()
+    with mock.patch.object(step, "build", lambda net, b: None):
+        return _run(net, ids, budget)
+
+
+def _run(net, ids: torch.Tensor, budget: Budget | None):
     whole = net.forward(ids, budget)
     cache = net.new_cache(ids.shape[0], budget)
     steps = [net.forward(ids[:, :5], budget, cache), net.forward(ids[:, 5:9], budget, cache)]

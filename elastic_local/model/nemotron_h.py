@@ -315,8 +315,10 @@ class NemotronH:
             raise ValueError(f"this cache belongs to budget {cache.budget.name!r}, not {budget.name!r}")
         T = ids.shape[1]
         if cache is not None and T == 1 and soft is None and soft_hidden is None and self.observer is None:
-            if ids.shape[0] == 1 and (c_step := self._c_step(cache)) is not None:
-                return c_step(int(ids[0, 0]), cache)[:, None]
+            if (c_step := self._c_step(cache)) is not None:
+                if ids.shape[0] == 1:
+                    return c_step(int(ids[0, 0]), cache)[:, None]
+                return c_step.rows(ids[:, 0].tolist(), cache)[:, None]
             if self.graphs is not None and torch.is_inference_mode_enabled():
                 return self._graphed_step(ids, b, cache)
             if self.compiled is not None and torch.is_inference_mode_enabled():
@@ -330,7 +332,7 @@ class NemotronH:
     def decode_token(self, token: int, cache: HybridCache) -> torch.Tensor:
         """Logits [1, V] of one sequence's next `token`, advancing `cache`: batch-1 decode without building a
         tensor of one id (the engine's loop; on a small model the ops around a step cost a fifth of it)."""
-        if self.observer is None and (c_step := self._c_step(cache)) is not None:
+        if self.observer is None and cache.batch_size == 1 and (c_step := self._c_step(cache)) is not None:
             return c_step(token, cache)
         return self.forward(torch.tensor([[token]], device=self.device), cache=cache)[:, -1]
 
@@ -340,7 +342,7 @@ class NemotronH:
         """Up to `n` tokens of one sequence after `token` in one call of the C step (`DecodeStep.ahead`:
         where the Python around a step costs a small model a third of its tokens), greedy or drawn with
         `draw`, or None where only `decode_token` serves this cache."""
-        if self.observer is None and (c_step := self._c_step(cache)) is not None:
+        if self.observer is None and cache.batch_size == 1 and (c_step := self._c_step(cache)) is not None:
             return c_step.ahead(token, cache, n, stops, halt, draw)
         return None
 

@@ -139,12 +139,14 @@ static member member_of(meeting *all, const double *cut) {
     return (member){all, 0, team, team > omp_procs() ? 64 : 1 << 14, cut, NULL};
 }
 
-/* y = W x, of which this thread computes outputs [n0, n1). */
+/* y = W x, of which this thread computes outputs [n0, n1); for a batch's rows (decode_rows) x [m, in] and y
+   [m, ldy] (m 0: one row). */
 typedef struct {
     const weight *w;
     const float *x;
     float *y;
     int64_t n0, n1;
+    int64_t m, ldy;
 } product;
 
 /* The output boundary nearest n at which a unit of w starts: a panel (its first one `skip` short), or 16
@@ -251,11 +253,17 @@ int owned(const double *balance, int64_t team, int64_t part, const weight *w, in
     return 0;
 }
 
+static void run_rows(const product *p);
+
 /* y[n0:n1] = (W x)[n0:n1], any format gemv.c reads. */
 static void run(const product *p) {
     const weight *w = p->w;
     const int64_t n0 = p->n0, n1 = p->n1;
     if (n0 >= n1) return;
+    if (p->m > 1) {
+        run_rows(p);
+        return;
+    }
     switch (w->format) {
     case PANELS_F32:
     case PANELS_BF16: panels_vec(p->x, w->w, w->ld, w->skip, w->in, p->y, n0, n1, w->format == PANELS_BF16); break;
@@ -859,6 +867,25 @@ static void attend(const float *q, int64_t KV, int64_t g, int64_t r, int64_t hd,
     }
 }
 
+/* A head's output o [hd] from its S runs' sums u [S, hd + 2] (attend's m, l, acc): each run rescaled to the
+   largest score of them all. */
+static void merge_runs(const float *u, int64_t S, int64_t hd, float *o) {
+    if (S == 1) {
+        for (int64_t i = 0; i < hd; i++) o[i] = u[2 + i] / u[1];
+        return;
+    }
+    float top = -INFINITY, l = 0.f;
+    for (int64_t s = 0; s < S; s++) top = fmaxf(top, u[s * (hd + 2)]);
+    for (int64_t i = 0; i < hd; i++) o[i] = 0.f;
+    for (int64_t s = 0; s < S; s++) {
+        const float *us = u + s * (hd + 2);
+        const float c = expf(us[0] - top);
+        l += us[1] * c;
+        for (int64_t i = 0; i < hd; i++) o[i] += us[2 + i] * c;
+    }
+    for (int64_t i = 0; i < hd; i++) o[i] /= l;
+}
+
 /* kc, vc [KV, capacity, hd]: positions < pos are cached; this token's key and value go to pos. Its own
    position's key and value are read from where the products left them, so the cache is written while
    other threads read it (positions before pos only). The cache is read in (KV head, run of positions)
@@ -902,19 +929,7 @@ static void attention_block(const attention *L, const float *in, float *h, void 
     meet(me);
     if (S > 1) {
         #pragma omp for schedule(static) nowait
-        for (int64_t j = 0; j < H; j++) { /* its S runs rescaled to the largest score of them all */
-            const float *u = part + j * S * (hd + 2);
-            float top = -INFINITY, l = 0.f, *o = att + j * hd;
-            for (int64_t s = 0; s < S; s++) top = fmaxf(top, u[s * (hd + 2)]);
-            for (int64_t i = 0; i < hd; i++) o[i] = 0.f;
-            for (int64_t s = 0; s < S; s++) {
-                const float *us = u + s * (hd + 2);
-                const float c = expf(us[0] - top);
-                l += us[1] * c;
-                for (int64_t i = 0; i < hd; i++) o[i] += us[2 + i] * c;
-            }
-            for (int64_t i = 0; i < hd; i++) o[i] /= l;
-        }
+        for (int64_t j = 0; j < H; j++) merge_runs(part + j * S * (hd + 2), S, hd, att + j * hd);
         meet(me);
     }
     product o = {&L->o, att, out};
@@ -1291,6 +1306,301 @@ int decode_token(const step *s, int64_t token, int64_t pos, float *logits, int t
 int decode_ahead(const step *s, int64_t token, int64_t pos, int64_t n, const int64_t *stops, int64_t nstops,
                  const int32_t *halt, const sampling *draw, const float *u, int64_t *out, float *logits, int threads) {
     return (int)run_tokens(s, token, pos, n, stops, nstops, halt, draw, u, out, logits, threads);
+}
+
+/* ------------------------------------------------------------------------- a batch's rows in one step */
+
+/* run for m rows of x: y[:, n0:n1] (rows ldy apart) = x [m, in] W^T[:, n0:n1], the formats' many-row kernels
+   (a panel's tiles serve every row, a packed weight is decoded once for all of them). On panels the tiles
+   sum each output in panels_vec's order, so a row's outputs have the bits it gets alone. */
+static void run_rows(const product *p) {
+    const weight *w = p->w;
+    const int64_t M = p->m, N = p->ldy ? p->ldy : w->out, K = w->in, n0 = p->n0, n1 = p->n1;
+    switch (w->format) {
+    case PANELS_F32:
+    case PANELS_BF16: {
+        float c[gemm_p_scratch];
+        gemm_p_part(p->x, w->w, w->ld, w->skip, p->y, M, N, K, n0, n1, c, w->format == PANELS_BF16);
+        break;
+    }
+    case ROWS_F32: part_f32(p->x, w->w, p->y, M, N, K, w->ld, n0, n1); break;
+    case ROWS_BF16: part_bf16(p->x, w->w, p->y, M, N, K, w->ld, n0, n1); break;
+    case FP8: part_fp8(p->x, w->w, p->y, M, N, K, w->ld, w->scale, n0, n1); break;
+    case NVFP4: {
+        float *xp = malloc(sizeof(float) * M * K);
+        if (xp) {
+            permute_nvfp4(p->x, xp, M, K);
+            part_nvfp4(xp, w->w, w->scales, p->y, M, N, K, w->ld, w->ld_scales, w->scale, n0, n1);
+            free(xp);
+            break;
+        }
+        for (int64_t q = 0; q < M; q++) { /* no memory for all the rows' permuted inputs: a row at a time */
+            float row[K];
+            permute_nvfp4(p->x + q * K, row, 1, K);
+            part_nvfp4(row, w->w, w->scales, p->y + q * N, 1, N, K, w->ld, w->ld_scales, w->scale, n0, n1);
+        }
+    }
+    }
+}
+
+/* What a batch's blocks read beside the step: R rows, row r's token at position pos[r], its states
+   stride[i] bytes past row r - 1's (state i of the step's table: the batched cache's [B, ...] tensors). */
+typedef struct {
+    int64_t R;
+    const int64_t *pos, *stride;
+} batch;
+
+static inline void *row_state(const step *s, const batch *b, int64_t i, int64_t r) {
+    return (char *)s->state[i] + r * b->stride[i];
+}
+
+/* Every row of H [R, d] normed into X [R, d] (each thread its own copy: no meeting). */
+static void norm_all(const float *H, const float *w, float *X, int64_t R, int64_t d, float eps) {
+    for (int64_t r = 0; r < R; r++) rms_norm(H + r * d, w, X + r * d, d, eps);
+}
+
+/* H[r, n0:n1] += OUT[r, n0:n1] for every row: this thread's outputs of the block's last product. */
+static void add_rows(float *H, const float *OUT, int64_t R, int64_t d, int64_t n0, int64_t n1) {
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t i = n0; i < n1; i++) H[r * d + i] = H[r * d + i] + OUT[r * d + i];
+}
+
+/* mamba_block for R rows: in_proj and out_proj on all rows at once, the convolution to the gated norm a
+   (row, group) at a time, in place (the other threads work on other rows or groups). */
+static void mamba_rows(const mamba *L, const step *s, const batch *b, int64_t i, float *H, float *sh, float *X,
+                       member *me) {
+    const int64_t R = b->R, d = L->d, k = L->heads, G = L->groups, p = L->head_dim, N = L->state;
+    const int64_t r = k / G, kp = k * p, gn = G * N, C = kp + 2 * gn, row = kp + C + k;
+    float *ZXD = sh, *Y = ZXD + R * row, *OUT = Y + R * kp; /* per row: z | xbc | dt, as in_proj's */
+    norm_all(H, L->norm, X, R, d, L->eps);
+    if (L->in_proj.out) {
+        product ip = {&L->in_proj, X, ZXD, .m = R, .ldy = row};
+        products(me, &ip, 1);
+    } else {
+        product ps[4] = {{&L->z, X, ZXD, .m = R, .ldy = row}, {&L->x, X, ZXD + kp, .m = R, .ldy = row},
+                         {&L->bc, X, ZXD + 2 * kp, .m = R, .ldy = row}, {&L->dt, X, ZXD + kp + C, .m = R, .ldy = row}};
+        products(me, ps, 4);
+    }
+    meet(me);
+    #pragma omp for schedule(static) nowait
+    for (int64_t u = 0; u < R * G; u++) {
+        const int64_t q0 = u / G, g = u % G;
+        float *z = ZXD + q0 * row, *xbc = z + kp, *dt = xbc + C, *y = Y + q0 * kp;
+        void *conv = row_state(s, b, 2 * i, q0);
+        float *slab = (float *)row_state(s, b, 2 * i + 1, q0) + g * r * p * N;
+        for (int64_t q = 0, n, at; q < r + 2; q++) { /* its heads' x channels, B's, C's */
+            const int64_t c0 = group_run(L, g, q, &n, &at);
+            conv_channels(L, conv_at(L, conv, c0), xbc, xbc + c0, c0, c0 + n);
+        }
+        for (int64_t q = 0; q < r; q++) {
+            const int64_t j = q * G + g;
+            ssm_head(L, j, xbc + j * p, xbc + kp + g * N, xbc + kp + gn + g * N, dt[j], slab, y + j * p);
+            silu_into(y + j * p, z + j * p, p);
+        }
+        group_norm(L, y, g);
+    }
+    meet(me);
+    product o = {&L->out, Y, OUT, .m = R, .ldy = d};
+    products(me, &o, 1);
+    add_rows(H, OUT, R, d, o.n0, o.n1);
+}
+
+/* attention_block for R rows: q, k, v and o on all rows at once, a (row, KV head) at a time between (its
+   runs of positions and their merge in attention_block's order; `part`: this thread's [r, ATT_RUNS, hd + 2]). */
+static void attention_rows(const attention *L, const step *s, const batch *b, int64_t i, float *H, float *sh,
+                           float *X, float *part, member *me) {
+    const int64_t R = b->R, d = L->d, H_ = L->heads, KV = L->kv_heads, hd = L->head_dim, r = H_ / KV;
+    float *Q = sh, *KN = Q + R * H_ * hd, *VN = KN + R * KV * hd, *ATT = VN + R * KV * hd, *OUT = ATT + R * H_ * hd;
+    const float scale = 1.f / sqrtf((float)hd);
+    const int64_t capacity = s->capacity[i], size = L->bf16 ? 2 : 4;
+    norm_all(H, L->norm, X, R, d, L->eps);
+    product qkv[3] = {{&L->q, X, Q, .m = R}, {&L->k, X, KN, .m = R}, {&L->v, X, VN, .m = R}};
+    products(me, qkv, 3);
+    meet(me);
+    #pragma omp for schedule(static) nowait
+    for (int64_t u = 0; u < R * KV; u++) {
+        const int64_t q0 = u / KV, g = u % KV, pos = b->pos[q0], T = pos + 1;
+        const int64_t S = attention_runs(T), run = ((T + S - 1) / S + 7) / 8 * 8;
+        char *kc = row_state(s, b, 2 * i, q0), *vc = row_state(s, b, 2 * i + 1, q0);
+        const float *q = Q + q0 * H_ * hd, *kn = KN + q0 * KV * hd + g * hd, *vn = VN + q0 * KV * hd + g * hd;
+        for (int64_t c = 0; c < hd; c++) { /* this token's key and value into the row's cache */
+            const int64_t at = (g * capacity + pos) * hd + c;
+            if (L->bf16) ((uint16_t *)kc)[at] = narrow1(kn[c]), ((uint16_t *)vc)[at] = narrow1(vn[c]);
+            else ((float *)kc)[at] = kn[c], ((float *)vc)[at] = vn[c];
+        }
+        for (int64_t t = 0; t < S; t++) { /* run t of query head i at part + (i S + t) (hd + 2) */
+            const int64_t t0 = t * run < T ? t * run : T, t1 = t0 + run < T ? t0 + run : T;
+            attend(q, KV, g, r, hd, kc + g * capacity * hd * size, vc + g * capacity * hd * size, (int)L->bf16, kn, vn,
+                   pos, t0, t1, scale, part + t * (hd + 2), S * (hd + 2));
+        }
+        for (int64_t j = 0; j < r; j++) merge_runs(part + j * S * (hd + 2), S, hd, ATT + q0 * H_ * hd + (j * KV + g) * hd);
+    }
+    meet(me);
+    product o = {&L->o, ATT, OUT, .m = R, .ldy = d};
+    products(me, &o, 1);
+    add_rows(H, OUT, R, d, o.n0, o.n1);
+}
+
+static void sort_pairs(const int64_t *ids, int64_t S, int64_t k, int64_t E, int64_t *start, int64_t *row_of,
+                       int64_t *token_of);
+
+/* The floats moe_rows needs beside its bookkeeping: the rows' inputs by expert, their hidden and output
+   rows, the shared expert's. */
+static int64_t moe_rows_scratch(const moe *L, int64_t R) {
+    return R * L->top_k * (2 * L->d + L->up[0].out) + R * (L->shared_up.out + L->d);
+}
+
+/* moe_block for R rows: the rows routed (a share of the rows each), their (row, expert) pairs sorted by
+   expert (every thread the same order), each expert's rows through its up and down products at once (its
+   panels serve them all), the shared expert's every row; each row's outputs summed as moe_block sums them.
+   ids, wts: [R, k] shared. */
+static void moe_rows(const moe *L, const batch *b, float *H, float *sh, float *X, int64_t *ids, float *wts,
+                     member *me) {
+    const int64_t R = b->R, d = L->d, k = L->top_k, E = L->experts, S = R * k;
+    norm_all(H, L->norm, X, R, d, L->eps);
+    #pragma omp for schedule(static) nowait
+    for (int64_t q = 0; q < R; q++) route(L, X + q * d, ids + q * k, wts + q * k);
+    meet(me);
+    int64_t start[2 * (E + 1)], row_of[S], token_of[S];
+    sort_pairs(ids, S, k, E, start, row_of, token_of);
+    const int64_t c = L->up[0].out, Sh = L->shared_up.out; /* every routed expert of a budget keeps c channels */
+    float *XE = sh, *HE = XE + S * d, *YE = HE + S * c, *HS = YE + S * d, *YS = HS + R * Sh;
+    #pragma omp for schedule(static) nowait
+    for (int64_t q = 0; q < S; q++) memcpy(XE + q * d, X + token_of[q] * d, sizeof(float) * d);
+    meet(me);
+    product up[E + 1], down[E + 1];
+    int count = 0;
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t m = start[e + 1] - start[e];
+        if (!m) continue;
+        up[count] = (product){&L->up[e], XE + start[e] * d, HE + start[e] * c, .m = m, .ldy = c};
+        down[count++] = (product){&L->down[e], NULL, YE + start[e] * d, .m = m, .ldy = d};
+    }
+    up[count] = (product){&L->shared_up, X, HS, .m = R, .ldy = Sh};
+    down[count] = (product){&L->shared_down, NULL, YS, .m = R, .ldy = d};
+    products(me, up, count + 1);
+    for (int i = 0; i <= count; i++)
+        for (int64_t q = 0; q < up[i].m; q++) relu2(up[i].y + q * up[i].ldy, up[i].n0, up[i].n1);
+    meet(me);
+    own(me, &down[count], 1);
+    for (int i = 0; i <= count; i++) {
+        down[i].n0 = down[count].n0, down[i].n1 = down[count].n1;
+        down[i].x = up[i].y; /* [m, its inputs], as the up projection left them */
+    }
+    runs(me, down, count + 1);
+    const int64_t n0 = down[count].n0, n1 = down[count].n1;
+    for (int64_t t = 0; t < R; t++) { /* moe_block's sum, row by row */
+        const float *w = wts + t * k, *shared = YS + t * d;
+        float *h = H + t * d;
+        int64_t c = n0;
+        for (; c + 8 <= n1; c += 8) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t i = 0; i < k; i++)
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(YE + row_of[t * k + i] * d + c), _mm256_set1_ps(w[i]), acc);
+            acc = _mm256_add_ps(acc, _mm256_loadu_ps(shared + c));
+            _mm256_storeu_ps(h + c, _mm256_add_ps(_mm256_loadu_ps(h + c), acc));
+        }
+        for (; c < n1; c++) {
+            float acc = 0.f;
+            for (int64_t i = 0; i < k; i++) acc = fmaf(YE[row_of[t * k + i] * d + c], w[i], acc);
+            h[c] = h[c] + (acc + shared[c]);
+        }
+    }
+}
+
+static void mlp_rows(const mlp *L, const batch *b, float *H, float *sh, float *X, member *me) {
+    const int64_t R = b->R, d = L->d, c = L->up.out;
+    float *HID = sh, *OUT = HID + R * c;
+    norm_all(H, L->norm, X, R, d, L->eps);
+    product up = {&L->up, X, HID, .m = R};
+    products(me, &up, 1);
+    for (int64_t q = 0; q < R; q++) relu2(HID + q * c, up.n0, up.n1);
+    meet(me);
+    product down = {&L->down, HID, OUT, .m = R, .ldy = d};
+    products(me, &down, 1);
+    add_rows(H, OUT, R, d, down.n0, down.n1);
+}
+
+static int64_t rows_scratch(const step *s, int64_t i, int64_t R) {
+    const void *L = s->blocks[i].args;
+    switch (s->blocks[i].kind) {
+    case 'M': {
+        const mamba *m = L;
+        const int64_t kp = m->heads * m->head_dim;
+        return R * (2 * kp + (kp + 2 * m->groups * m->state + m->heads) + m->d);
+    }
+    case '*': {
+        const attention *a = L;
+        return R * (2 * a->heads * a->head_dim + 2 * a->kv_heads * a->head_dim + a->d);
+    }
+    case 'E': return moe_rows_scratch(L, R);
+    default: return R * (((const mlp *)L)->up.out + ((const mlp *)L)->d);
+    }
+}
+
+/* One token for each of R sequences (a batch's decode step): row r's token tokens[r] at position pos[r],
+   its states at the step's state table's pointers plus r * stride[i] bytes (row 0's: the batched cache's
+   [B, ...] tensors), its logits into logits [R, V]. Each product runs once on all the rows (a weight is
+   read once a step, not once a row); the work of a row's own (convolution, scan, attention, routing)
+   is shared among the threads a (row, group / KV head) at a time. One parallel region, as run_tokens. A
+   row's logits have the bits it gets alone where the weights are panels (run_rows); otherwise they agree
+   to rounding. 0, or -1 where the scratch could not be allocated. */
+int decode_rows(const step *s, int64_t R, const int64_t *tokens, const int64_t *pos, const int64_t *stride,
+                float *logits, int threads) {
+    const int64_t d = s->d, V = s->lm_head->out, team = threads > 1 ? threads : 1;
+    int64_t shared = 0, part = 0, routes = 0;
+    for (int64_t i = 0; i < s->n; i++) {
+        const int64_t need = rows_scratch(s, i, R);
+        shared = need > shared ? need : shared;
+        if (s->blocks[i].kind == '*') {
+            const attention *a = s->blocks[i].args;
+            const int64_t p = a->heads / a->kv_heads * ATT_RUNS * (a->head_dim + 2);
+            part = p > part ? p : part;
+        }
+        if (s->blocks[i].kind == 'E') {
+            const int64_t k = ((const moe *)s->blocks[i].args)->top_k;
+            routes = R * k > routes ? R * k : routes;
+        }
+    }
+    const int64_t each = LINE(R * d) + LINE(part); /* a thread's normed rows, its attention sums */
+    float *H = aligned_alloc(64, sizeof(float) * (LINE(R * d) + LINE(shared) + team * each + 3 * LINE(routes)));
+    if (!H) return -1;
+    float *sh = H + LINE(R * d), *mine = sh + LINE(shared), *wts = mine + team * each;
+    int64_t *ids = (int64_t *)(wts + LINE(routes)); /* [routes], two floats' room each */
+    const batch b = {R, pos, stride};
+    const unsigned int csr = _mm_getcsr(); /* as run_tokens: every thread in the caller's float mode */
+    meeting all = {0, 0};
+    #pragma omp parallel num_threads(threads)
+    {
+        double cut[threads_here() + 1];
+        cuts_of(s->balance, threads_here(), cut);
+        member me = member_of(&all, cut);
+        const unsigned int own_csr = _mm_getcsr();
+        _mm_setcsr(csr);
+        float *X = mine + thread_here() * each, *att = X + LINE(R * d);
+        #pragma omp for schedule(static) nowait
+        for (int64_t r = 0; r < R; r++) {
+            if (s->embed_bf16) widen((const uint16_t *)s->embed + tokens[r] * s->ld_embed, H + r * d, d);
+            else memcpy(H + r * d, (const float *)s->embed + tokens[r] * s->ld_embed, sizeof(float) * d);
+        }
+        meet(&me);
+        for (int64_t i = 0; i < s->n; i++) {
+            const void *L = s->blocks[i].args;
+            switch (s->blocks[i].kind) {
+            case 'M': mamba_rows(L, s, &b, i, H, sh, X, &me); break;
+            case '*': attention_rows(L, s, &b, i, H, sh, X, att, &me); break;
+            case 'E': moe_rows(L, &b, H, sh, X, ids, wts, &me); break;
+            default: mlp_rows(L, &b, H, sh, X, &me);
+            }
+            meet(&me);
+        }
+        norm_all(H, s->norm, X, R, d, s->eps);
+        product head = {s->lm_head, X, logits, .m = R, .ldy = V};
+        products(&me, &head, 1);
+        _mm_setcsr(own_csr);
+    }
+    free(H);
+    return 0;
 }
 
 /* The wall time of one `meet` among `threads` threads, averaged over `rounds` (into *ns): a token of the demo

@@ -326,10 +326,38 @@ class DecodeStep:
             raise ValueError(sample.NOT_FINITE)
         return out[:ran]
 
-    def _prepare(self, token: int, cache: HybridCache, n: int) -> int:
-        """Point the step at `cache`, its K / V caches grown for `n` more tokens; the position `token` takes."""
+    def rows(self, tokens: list[int], cache: HybridCache) -> Tensor:
+        """Logits [R, V] of one token for each of a batched cache's R rows, each at its own position
+        (step.c's decode_rows: every product once for all the rows); the cache consumes them."""
+        R, V = len(tokens), self.lm_head.out
+        if R != cache.batch_size:
+            raise ValueError(f"{R} tokens for a cache of {cache.batch_size} rows")
+        for token in tokens:
+            self._check(token)
+        logits = torch.empty(R, V)
+        pos = list(cache.lengths)
+        with self._lock:
+            self._prepare(tokens[0], cache, max(pos) + 1 - pos[0])
+            layers, strides = cache.layers, (_I * (2 * len(self.blocks)))()
+            for j, (i, kind, _) in enumerate(self.blocks):
+                s = layers[i]
+                a, b = (s.conv, s.ssm) if kind == "M" else (s.k, s.v) if kind == "*" else (None, None)
+                if a is not None:
+                    strides[2 * j], strides[2 * j + 1] = (t.stride(0) * t.element_size() for t in (a, b))
+            self.args.balance = ctypes.addressof(self.balance(torch.get_num_threads()))
+            if self.lib.decode_rows(self._args, R, (_I * R)(*tokens), (_I * R)(*pos), strides, logits.data_ptr(),
+                                    torch.get_num_threads()):
+                raise _out_of_memory(max(pos))
+        cache.lengths = [p + 1 for p in pos]
+        return logits
+
+    def _check(self, token: int) -> None:
         if not 0 <= token < self.embed.shape[0]:
             raise IndexError(f"token id {token} is outside the vocabulary (0..{self.embed.shape[0] - 1})")
+
+    def _prepare(self, token: int, cache: HybridCache, n: int) -> int:
+        """Point the step at `cache`, its K / V caches grown for `n` more tokens; the position `token` takes."""
+        self._check(token)
         pos, state, layers = cache.lengths[0], self.state, cache.layers
         if self._bound is None or self._bound() is not cache:
             self._bind(cache)
@@ -369,12 +397,10 @@ def build(net: NemotronH, b: Budget) -> DecodeStep | None:
 
 
 def serves(cache: HybridCache, dtype: torch.dtype) -> bool:
-    """Whether step.c can advance this cache of a `dtype` network: one sequence, its states contiguous (as
-    `new_cache` and the engine's cache operations make them; a hand-built cache may not be), in `dtype`
-    but for the SSM states, float32 in every network. Checked once per cache (`dense`): what replaces a
-    state later (a KV cache growing) keeps it so."""
-    if cache.batch_size != 1:
-        return False
+    """Whether step.c can advance this cache of a `dtype` network (one sequence, or a batch's rows through
+    `DecodeStep.rows`): its states contiguous (as `new_cache` and the engine's cache operations make them;
+    a hand-built cache may not be), in `dtype` but for the SSM states, float32 in every network. Checked
+    once per cache (`dense`): what replaces a state later (a KV cache growing) keeps it so."""
     if not cache.dense:
         cache.dense = all(t.is_contiguous() and t.dtype == (torch.float32 if name == "ssm" else dtype)
                           for s in cache.layers if s is not None for name, t in vars(s).items())

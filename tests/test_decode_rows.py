@@ -1,0 +1,121 @@
+"""A batch's decode step in C (step.c's decode_rows, `DecodeStep.rows`): rows at their own positions, one
+product per weight for all of them, against transformers from scratch, against each row alone, on any thread
+count."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+from test_cpu_gemv import X86
+from test_model_vs_transformers import CONFIGS
+from tiny import hf_logits, make_checkpoint
+
+import elastic_local
+from elastic_local.model import NemotronH, step
+from elastic_local.model.budget import Budget
+from elastic_local.model.nemotron_h import HybridCache
+
+pytestmark = pytest.mark.skipif(not X86, reason="the C decode step is x86 AVX2 only; elsewhere torch's layers run")
+
+
+def prefilled(net, budget, prompts: list[torch.Tensor]) -> HybridCache:
+    """One batched cache of `prompts`, each prefilled alone (rows at different positions)."""
+    caches = []
+    for p in prompts:
+        c = net.new_cache(budget=budget)
+        net.forward(p[None], cache=c)
+        caches.append(c)
+    return HybridCache.stack(caches)
+
+
+def batched_steps(net, budget, prompts: list[torch.Tensor], feed: list[torch.Tensor]) -> torch.Tensor:
+    """Logits [R, steps, V] of batched one-token steps after `prompts`, row r taking feed[r][t] at step t."""
+    with torch.inference_mode():
+        cache = prefilled(net, budget, prompts)
+        out = [net.forward(torch.stack([f[t] for f in feed])[:, None], cache=cache)[:, 0]
+               for t in range(len(feed[0]))]
+    assert cache.lengths == [len(p) + len(f) for p, f in zip(prompts, feed)]
+    return torch.stack(out, dim=1)
+
+
+def alone_steps(net, budget, prompt: torch.Tensor, feed: torch.Tensor) -> torch.Tensor:
+    """Logits [steps, V] of the same steps for one row on its own (batch 1: the one-row C step)."""
+    with torch.inference_mode():
+        cache = prefilled(net, budget, [prompt])
+        return torch.stack([net.decode_token(int(t), cache)[0] for t in feed])
+
+
+def torch_layers_never_run_a_step(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    monkeypatch.setattr(NemotronH, "_layers", lambda net, ids, *a, _run=NemotronH._layers, **k:
+                        calls.append(ids.shape[1]) or _run(net, ids, *a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CONFIGS if n != "grouped_router"))  # that one: torch's (step.py)
+def test_a_batchs_rows_at_their_own_positions_decode_like_transformers_from_scratch(tmp_path, name, monkeypatch):
+    hf = make_checkpoint(tmp_path, seed=4, **CONFIGS[name])
+    g = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(0, 96, (n,), generator=g) for n in (9, 4, 13)]
+    m = elastic_local.load(tmp_path)
+    calls = torch_layers_never_run_a_step(monkeypatch)
+    got = batched_steps(m.net, m.budget(), [s[:-3] for s in seqs], [s[-3:] for s in seqs])
+    assert all(n > 1 for n in calls), "a batched step ran the torch layers"
+    assert isinstance(m.net.c_steps[m.budget()], step.DecodeStep)
+    for r, s in enumerate(seqs):
+        torch.testing.assert_close(got[r], hf_logits(hf, s[None])[0, -3:], atol=1e-4, rtol=0)
+
+
+def test_each_row_gets_the_bits_it_gets_alone_on_every_budget(nested_tails, threads, monkeypatch):
+    """float32 panels: every product's tiles sum as the one-row kernel does, so a row's logits are its own to
+    the bit, whatever the other rows, the thread count or the budget (and a pruned one whose in_proj runs as
+    four products). One row past 256 positions reads its cache in runs (attention_runs) and merges them; the
+    K / V caches grow past their first capacity (64) between steps."""
+    m = elastic_local.load(nested_tails)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 96, (n,), generator=g) for n in (300, 5, 60, 1)]
+    feed = [torch.randint(0, 96, (8,), generator=g) for _ in prompts]
+    half = m.budget("half")
+    heads = Budget("heads", half.hidden, tuple(replace(s, mamba_heads=s.mamba_heads // 2) for s in half.layers))
+    calls = torch_layers_never_run_a_step(monkeypatch)
+    for b in [m.budget(name) for name in m.budgets] + [heads]:
+        got = batched_steps(m.net, b, prompts, feed)
+        for r, (p, f) in enumerate(zip(prompts, feed)):
+            assert torch.equal(got[r], alone_steps(m.net, b, p, f)), (b.name, r)
+    assert all(n > 1 for n in calls)
+
+
+@pytest.mark.parametrize("precision", ["fp8", "nvfp4"])
+def test_quantized_rows_agree_with_each_row_alone(nested_tails, precision):
+    """Packed weights: from four rows a weight is decoded once into panels for all of them (the one-row
+    kernel scales its inputs instead), so the rows agree with their own steps to rounding."""
+    m = elastic_local.load(nested_tails, precision=precision)
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, 96, (n,), generator=g) for n in (7, 3, 11, 2, 5)]
+    feed = [torch.randint(0, 96, (4,), generator=g) for _ in prompts]
+    got = batched_steps(m.net, m.budget(), prompts, feed)
+    for r, (p, f) in enumerate(zip(prompts, feed)):
+        torch.testing.assert_close(got[r], alone_steps(m.net, m.budget(), p, f), atol=1e-4, rtol=1e-4)
+
+
+def test_bfloat16_rows_get_the_bits_they_get_alone(nested_tails, threads):
+    """A bfloat16 network: bf16 panels, embedding, convolution states and K / V caches, rounded where the
+    one-row step rounds them."""
+    m = elastic_local.load(nested_tails, dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 96, (n,), generator=g) for n in (6, 2, 9)]
+    feed = [torch.randint(0, 96, (5,), generator=g) for _ in prompts]
+    got = batched_steps(m.net, m.budget(), prompts, feed)
+    for r, (p, f) in enumerate(zip(prompts, feed)):
+        assert torch.equal(got[r], alone_steps(m.net, m.budget(), p, f)), r
+
+
+def test_a_token_outside_the_vocabulary_refuses_the_whole_step_before_any_row_changes(nested_tails):
+    m = elastic_local.load(nested_tails)
+    with torch.inference_mode():
+        cache = prefilled(m.net, m.budget(), [torch.tensor([1, 2, 3]), torch.tensor([4])])
+        before = [s.ssm.clone() for s in cache.layers if hasattr(s, "ssm")]
+        with pytest.raises(IndexError, match="outside the vocabulary"):
+            m.net.forward(torch.tensor([[5], [96]]), cache=cache)
+    assert cache.lengths == [3, 1]
+    assert all(torch.equal(a, s.ssm) for a, s in zip(before, [s for s in cache.layers if hasattr(s, "ssm")]))
