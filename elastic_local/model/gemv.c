@@ -355,20 +355,23 @@ static inline void decode_bf16(const uint16_t *w, int64_t K, float *out) {
 
 /* c[r, 0:24] (+)= sum_k a[r, k] p[k, 0:24], r < R (a's rows lda apart), p [kc, 24] contiguous: twelve
    accumulators, 12 FMAs per k against 3 loads of p and 4 broadcasts of a (6 x 16 tiles: slower on five of
-   six prompt shapes, docs/decode-speed.md) */
-static inline __attribute__((always_inline)) void tile_packed(int R, const float *a, int64_t lda, const float *p,
-                                                              int64_t kc, float *c, int64_t ldc, int add) {
+   six prompt shapes, docs/decode-speed.md). A bf16 panel (`bf16`) is widened as it is read (bf16_panel_row):
+   the same floats, the same sums. */
+static inline __attribute__((always_inline)) void tile_packed(int R, int bf16, const float *a, int64_t lda,
+                                                              const void *p, int64_t kc, float *c, int64_t ldc,
+                                                              int add) {
     __m256 acc[4][3];
     for (int r = 0; r < R; r++)
         for (int v = 0; v < 3; v++) acc[r][v] = add ? _mm256_loadu_ps(c + r * ldc + 8 * v) : _mm256_setzero_ps();
     for (int64_t k = 0; k < kc; k++) {
-        const __m256 b0 = _mm256_loadu_ps(p + PW * k), b1 = _mm256_loadu_ps(p + PW * k + 8),
-                     b2 = _mm256_loadu_ps(p + PW * k + 16);
+        __m256 b[3];
+        if (bf16)
+            bf16_panel_row((const uint16_t *)p + PW * k, b);
+        else
+            for (int v = 0; v < 3; v++) b[v] = _mm256_loadu_ps((const float *)p + PW * k + 8 * v);
         for (int r = 0; r < R; r++) {
             const __m256 ar = _mm256_broadcast_ss(a + r * lda + k);
-            acc[r][0] = _mm256_fmadd_ps(ar, b0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(ar, b1, acc[r][1]);
-            acc[r][2] = _mm256_fmadd_ps(ar, b2, acc[r][2]);
+            for (int v = 0; v < 3; v++) acc[r][v] = _mm256_fmadd_ps(ar, b[v], acc[r][v]);
         }
     }
     for (int r = 0; r < R; r++)
@@ -376,24 +379,30 @@ static inline __attribute__((always_inline)) void tile_packed(int R, const float
 }
 
 /* Every row of a over one panel, four at a time, the last ones on a tile of their own count. */
-static void over_rows(int64_t m, const float *a, int64_t lda, const float *p, int64_t kc, float *c, int64_t ldc,
-                      int add) {
+static void over_rows(int64_t m, const float *a, int64_t lda, const void *p, int64_t kc, float *c, int64_t ldc,
+                      int add, int bf16) {
     int64_t i = 0;
-    for (; i + 4 <= m; i += 4) tile_packed(4, a + i * lda, lda, p, kc, c + i * ldc, ldc, add);
+    for (; i + 4 <= m; i += 4)
+        if (bf16) tile_packed(4, 1, a + i * lda, lda, p, kc, c + i * ldc, ldc, add);
+        else tile_packed(4, 0, a + i * lda, lda, p, kc, c + i * ldc, ldc, add);
     a += i * lda, c += i * ldc;
-    switch (m - i) {
-    case 1: tile_packed(1, a, lda, p, kc, c, ldc, add); break;
-    case 2: tile_packed(2, a, lda, p, kc, c, ldc, add); break;
-    case 3: tile_packed(3, a, lda, p, kc, c, ldc, add); break;
+    switch (2 * (m - i) + bf16) {
+    case 2: tile_packed(1, 0, a, lda, p, kc, c, ldc, add); break;
+    case 3: tile_packed(1, 1, a, lda, p, kc, c, ldc, add); break;
+    case 4: tile_packed(2, 0, a, lda, p, kc, c, ldc, add); break;
+    case 5: tile_packed(2, 1, a, lda, p, kc, c, ldc, add); break;
+    case 6: tile_packed(3, 0, a, lda, p, kc, c, ldc, add); break;
+    case 7: tile_packed(3, 1, a, lda, p, kc, c, ldc, add); break;
     }
 }
 
 /* y[:m, :cols] (+)= x[:m, :kc] p[:, first:first + cols] (x's rows ldx apart, y's ldy) for one panel
-   p [kc, 24]: a panel the view uses only in part runs through c (4 x 24 floats), four rows at a time. */
-static void panel_product(const float *x, int64_t ldx, int64_t m, const float *p, int64_t kc, float *y,
-                          int64_t ldy, int64_t first, int64_t cols, int add, float *c) {
+   p [kc, 24] (float32, or bf16 `bf16`): a panel the view uses only in part runs through c (4 x 24 floats),
+   four rows at a time. */
+static void panel_product(const float *x, int64_t ldx, int64_t m, const void *p, int64_t kc, float *y,
+                          int64_t ldy, int64_t first, int64_t cols, int add, float *c, int bf16) {
     if (first == 0 && cols == PW) {
-        over_rows(m, x, ldx, p, kc, y, ldy, add);
+        over_rows(m, x, ldx, p, kc, y, ldy, add, bf16);
         return;
     }
     for (int64_t i = 0; i < m; i += 4) {
@@ -401,7 +410,7 @@ static void panel_product(const float *x, int64_t ldx, int64_t m, const float *p
         for (int64_t q = 0; q < r; q++)
             for (int64_t j = 0; j < PW; j++)
                 c[q * PW + j] = add && j >= first && j < first + cols ? y[(i + q) * ldy + j - first] : 0.f;
-        over_rows(r, x + i * ldx, ldx, p, kc, c, PW, add);
+        over_rows(r, x + i * ldx, ldx, p, kc, c, PW, add, bf16);
         for (int64_t q = 0; q < r; q++) memcpy(y + (i + q) * ldy, c + q * PW + first, sizeof(float) * cols);
     }
 }
@@ -419,6 +428,12 @@ static inline void panel_range(int64_t skip, int64_t n0, int64_t n1, int64_t *q0
 #define NB 8
 #define MC 128
 #define PANEL_SCRATCH (4 * PW + KC * PW)
+/* Up to WIDEN_ROWS rows of x, a bf16 panel's tiles widen it as they read it (tile_packed); more, its block
+   is widened into scratch once for all the rows. Widening in the tiles against into scratch (same bits;
+   scratch A/B, gemm_p_bf16, 768x256 to 3072x1024, one thread and two): 2 rows 1.76-2.11x, 4 1.51-1.66x,
+   8 1.25-1.30x, 16 1.10-1.15x, 32 1.00-1.06x, 128 0.97-1.04x. A batch's decode rows (step.c's decode_rows)
+   and a prompt's experts take few rows a weight. */
+#define WIDEN_ROWS 64
 const int64_t gemm_p_scratch = PANEL_SCRATCH; /* for step.c's experts */
 void gemm_p_part(const float *x, const void *p, int64_t ps, int64_t skip, float *y, int64_t M, int64_t N,
                  int64_t K, int64_t n0, int64_t n1, float *c, int bf16) {
@@ -433,18 +448,19 @@ void gemm_p_part(const float *x, const void *p, int64_t ps, int64_t skip, float 
                 for (int64_t q = b; q < e; q++) {
                     const int64_t lo = q * PW - skip > n0 ? q * PW - skip : n0;
                     const int64_t hi = q * PW + PW - skip < n1 ? q * PW + PW - skip : n1;
-                    const float *slab = (const float *)p + q * ps + k0 * PW;
-                    if (bf16) {
-                        const uint16_t *h = (const uint16_t *)p + q * ps + k0 * PW;
+                    const int64_t m = M - m0 < MC ? M - m0 : MC;
+                    const void *slab = bf16 ? (const void *)((const uint16_t *)p + q * ps + k0 * PW)
+                                            : (const void *)((const float *)p + q * ps + k0 * PW);
+                    if (bf16 && m > WIDEN_ROWS) { /* widened once for all the rows */
                         for (int64_t k = 0; k < kc; k++) {
                             __m256 v[3];
-                            bf16_panel_row(h + PW * k, v);
+                            bf16_panel_row((const uint16_t *)slab + PW * k, v);
                             for (int i = 0; i < 3; i++) _mm256_storeu_ps(wide + PW * k + 8 * i, v[i]);
                         }
                         slab = wide;
                     }
-                    panel_product(x + m0 * K + k0, K, M - m0 < MC ? M - m0 : MC, slab, kc, y + m0 * N + lo, N,
-                                  lo - (q * PW - skip), hi - lo, k0 > 0, c);
+                    panel_product(x + m0 * K + k0, K, m, slab, kc, y + m0 * N + lo, N, lo - (q * PW - skip),
+                                  hi - lo, k0 > 0, c, bf16 && m <= WIDEN_ROWS);
                 }
         }
     }
@@ -730,7 +746,7 @@ static int panels(int format, const float *x, const void *w, const uint8_t *scal
             decode_panel(format, w, scales, k0, kc, ldw, lds, scale, n, cols, rows, P);
             for (int64_t m0 = 0; m0 < M; m0 += MC)
                 panel_product(x + m0 * K + k0, K, M - m0 < MC ? M - m0 : MC, P, kc, y + m0 * N + n, N, 0, cols,
-                              k0 > 0, c);
+                              k0 > 0, c, 0);
         }
     }
     free(P);
