@@ -68,9 +68,10 @@ class Admission:
     """How many rows the batch admits: `max_batch`, or one where rows decode faster one at a time, timed on
     the batch's own first jobs.
 
-    Neither always wins. A lone row runs ahead in the C decode step, a batch takes torch's batched
-    step: on the demo model on a CPU one at a time made 3.1-3.3x the tokens/s of a batch of 4, while on a 136M
-    model a batch of 8 made 1.7-2.0x one at a time (benchmarks/bench_batch.py). So the first jobs run alone until
+    Neither always wins. A lone row runs ahead in the C decode step, many tokens a call; a batch takes
+    one C step a token for all its rows (step.c's decode_rows): on the demo model on a CPU, whose weights
+    sit in the caches, a file of short answers ran at 0.7-1.0x one at a time in fixed batches, while on a
+    136M model a batch of 8 made 1.6-2.6x (benchmarks/bench_batch.py, README). So the first jobs run alone until
     PROBE_S of decoding is timed, then batched until as much is; from then on the batch admits up to
     `max_batch` rows, or one where alone was faster. The rows timed batched run batched to their end
     whatever the verdict, so that batch holds at most a quarter of the jobs then waiting: a file of 40 on

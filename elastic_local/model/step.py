@@ -1,4 +1,5 @@
-"""The batch-1 decode step on the CPU in C: one call per token (step.c), its arguments built once per budget.
+"""The decode step on the CPU in C: one call per token (step.c), its arguments built once per budget; a
+batch's rows in one call too (`DecodeStep.rows`: every product once for all of them).
 
 Why: batch-1 decode of a small model is a few thousand small torch ops per token whose dispatch, not the
 weights, sets the speed (docs/decode-speed.md, CPU decode kernels). step.c runs each block (norm, projections, the
@@ -7,7 +8,7 @@ block and the head in one call (a call per block cost about 6 us each). The budg
 same prefix views the torch path cuts (`linear.block`), described once as pointers and strides: no
 copies, every format the decode kernels read.
 
-It serves one sequence of one token of a float32 model (the CPU default) or a bfloat16 one, computing in
+It serves one token of each sequence of a float32 model (the CPU default) or a bfloat16 one, computing in
 float32 either way: a bfloat16 model's embedding, convolution states and K / V caches stay bf16 (step.c
 widens them as it reads them and rounds what it writes, as the torch path stores them; the planner's
 memory holds), and its norm and convolution weights, a few KiB a layer, are read from float32 copies,
