@@ -119,3 +119,23 @@ def test_a_token_outside_the_vocabulary_refuses_the_whole_step_before_any_row_ch
             m.net.forward(torch.tensor([[5], [96]]), cache=cache)
     assert cache.lengths == [3, 1]
     assert all(torch.equal(a, s.ssm) for a, s in zip(before, [s for s in cache.layers if hasattr(s, "ssm")]))
+
+
+def test_a_generation_of_several_prompts_decodes_its_batch_in_c_rows(tmp_path, monkeypatch):
+    """The engine's batched steps (every row one token behind) reach DecodeStep.rows, rows on both budgets
+    and in both phases, and each row's tokens are the ones it gets generated alone."""
+    from gen_util import elastic_model
+
+    from elastic_local.engine.generate import Generation, Request
+
+    m = elastic_model(tmp_path, seed=3)
+    prompts = [m.chat_prompt("a"), m.chat_prompt("a longer question than that"), m.chat_prompt("no", think=False)]
+    request = Request(think_budget="small", answer_budget="full", max_think_tokens=6, max_answer_tokens=5,
+                      ignore_eos=True, think_close="ok.")
+    rows: list[int] = []
+    monkeypatch.setattr(step.DecodeStep, "rows", lambda self, tokens, cache, _rows=step.DecodeStep.rows:
+                        rows.append(len(tokens)) or _rows(self, tokens, cache))
+    together = Generation(m, prompts, request).collect()
+    assert rows and max(rows) >= 2  # rows on one budget at a time: the sub-batches of a step
+    for p, r in zip(prompts, together):
+        assert r.ids == Generation(m, [p], request).collect()[0].ids

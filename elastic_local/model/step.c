@@ -1409,8 +1409,9 @@ static void mamba_rows(const mamba *L, const step *s, const batch *b, int64_t i,
    runs of positions and their merge in attention_block's order; `part`: this thread's [r, ATT_RUNS, hd + 2]). */
 static void attention_rows(const attention *L, const step *s, const batch *b, int64_t i, float *H, float *sh,
                            float *X, float *part, member *me) {
-    const int64_t R = b->R, d = L->d, H_ = L->heads, KV = L->kv_heads, hd = L->head_dim, r = H_ / KV;
-    float *Q = sh, *KN = Q + R * H_ * hd, *VN = KN + R * KV * hd, *ATT = VN + R * KV * hd, *OUT = ATT + R * H_ * hd;
+    const int64_t R = b->R, d = L->d, heads = L->heads, KV = L->kv_heads, hd = L->head_dim, r = heads / KV;
+    float *Q = sh, *KN = Q + R * heads * hd, *VN = KN + R * KV * hd, *ATT = VN + R * KV * hd;
+    float *OUT = ATT + R * heads * hd;
     const float scale = 1.f / sqrtf((float)hd);
     const int64_t capacity = s->capacity[i], size = L->bf16 ? 2 : 4;
     norm_all(H, L->norm, X, R, d, L->eps);
@@ -1422,7 +1423,7 @@ static void attention_rows(const attention *L, const step *s, const batch *b, in
         const int64_t q0 = u / KV, g = u % KV, pos = b->pos[q0], T = pos + 1;
         const int64_t S = attention_runs(T), run = ((T + S - 1) / S + 7) / 8 * 8;
         char *kc = row_state(s, b, 2 * i, q0), *vc = row_state(s, b, 2 * i + 1, q0);
-        const float *q = Q + q0 * H_ * hd, *kn = KN + q0 * KV * hd + g * hd, *vn = VN + q0 * KV * hd + g * hd;
+        const float *q = Q + q0 * heads * hd, *kn = KN + q0 * KV * hd + g * hd, *vn = VN + q0 * KV * hd + g * hd;
         for (int64_t c = 0; c < hd; c++) { /* this token's key and value into the row's cache */
             const int64_t at = (g * capacity + pos) * hd + c;
             if (L->bf16) ((uint16_t *)kc)[at] = narrow1(kn[c]), ((uint16_t *)vc)[at] = narrow1(vn[c]);
@@ -1433,7 +1434,8 @@ static void attention_rows(const attention *L, const step *s, const batch *b, in
             attend(q, KV, g, r, hd, kc + g * capacity * hd * size, vc + g * capacity * hd * size, (int)L->bf16, kn, vn,
                    pos, t0, t1, scale, part + t * (hd + 2), S * (hd + 2));
         }
-        for (int64_t j = 0; j < r; j++) merge_runs(part + j * S * (hd + 2), S, hd, ATT + q0 * H_ * hd + (j * KV + g) * hd);
+        for (int64_t j = 0; j < r; j++)
+            merge_runs(part + j * S * (hd + 2), S, hd, ATT + q0 * heads * hd + (j * KV + g) * hd);
     }
     meet(me);
     product o = {&L->o, ATT, OUT, .m = R, .ldy = d};

@@ -263,7 +263,7 @@ class DecodeStep:
     def __call__(self, token: int, cache: HybridCache) -> Tensor:
         logits = torch.empty(1, self.lm_head.out)
         with self._lock:
-            pos = self._prepare(token, cache, 1)
+            pos = self._prepare([token], cache, 1)
             count, _ = self._threads(1)
             start = time.perf_counter()
             if self.lib.decode_token(self._args, token, pos, logits.data_ptr(), count):
@@ -310,7 +310,7 @@ class DecodeStep:
         with self._lock:
             count, n = self._threads(n)  # a count timed for a few tokens: fewer than n
             out, u = (_I * n)(), None if draw is None else sample.Uniforms(n, draw[1])
-            pos = self._prepare(token, cache, n)
+            pos = self._prepare([token], cache, n)
             start = time.perf_counter()
             ran = self.lib.decode_ahead(self._args, token, pos, n, ends, len(stops),
                                         None if halt is None else halt.data_ptr(), params,
@@ -333,12 +333,10 @@ class DecodeStep:
         R, V = len(tokens), self.lm_head.out
         if R != cache.batch_size:
             raise ValueError(f"{R} tokens for a cache of {cache.batch_size} rows")
-        for token in tokens:
-            self._check(token)
         logits = torch.empty(R, V)
         pos = list(cache.lengths)
         with self._lock:
-            self._prepare(tokens[0], cache, max(pos) + 1 - pos[0])
+            self._prepare(tokens, cache, 1)
             layers, strides = cache.layers, (_I * (2 * len(self.blocks)))()
             for j, (i, kind, _) in enumerate(self.blocks):
                 s = layers[i]
@@ -352,20 +350,20 @@ class DecodeStep:
         cache.lengths = [p + 1 for p in pos]
         return logits
 
-    def _check(self, token: int) -> None:
-        if not 0 <= token < self.embed.shape[0]:
-            raise IndexError(f"token id {token} is outside the vocabulary (0..{self.embed.shape[0] - 1})")
-
-    def _prepare(self, token: int, cache: HybridCache, n: int) -> int:
-        """Point the step at `cache`, its K / V caches grown for `n` more tokens; the position `token` takes."""
-        self._check(token)
+    def _prepare(self, tokens: list[int], cache: HybridCache, n: int) -> int:
+        """Point the step at `cache`, its K / V caches grown for `n` more tokens of every row (`tokens`, one a
+        row, checked first); the position row 0's token takes."""
+        for token in tokens:
+            if not 0 <= token < self.embed.shape[0]:
+                raise IndexError(f"token id {token} is outside the vocabulary (0..{self.embed.shape[0] - 1})")
         pos, state, layers = cache.lengths[0], self.state, cache.layers
         if self._bound is None or self._bound() is not cache:
             self._bind(cache)
+        end = max(cache.lengths) + n
         for j, i in self.attention:
             s = layers[i]
-            if s.k.shape[2] < pos + n:
-                s.grow(pos + n)
+            if s.k.shape[2] < end:
+                s.grow(end)
             state[2 * j], state[2 * j + 1], self.capacity[j] = s.k.data_ptr(), s.v.data_ptr(), s.k.shape[2]
         return pos
 
