@@ -71,6 +71,31 @@ def test_any_valid_configuration_runs_as_transformers_does(cfg, length, split, s
         torch.testing.assert_close(torch.cat(steps, dim=1), ref, atol=1e-4, rtol=0)
 
 
+@given(cfg=configs(), lengths=st.lists(st.integers(1, 9), min_size=2, max_size=4), steps=st.integers(1, 4),
+       seed=st.integers(0, 2**16))
+def test_any_configuration_decodes_a_batch_of_rows_at_their_own_positions_as_transformers_does(cfg, lengths, steps,
+                                                                                             seed):
+    """Rows prefilled alone to different lengths, stacked, then decoded together (on the CPU: the C step's rows,
+    step.c's decode_rows), each row against transformers on its own sequence from scratch."""
+    from elastic_local.model.nemotron_h import HybridCache
+
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = make_checkpoint(Path(tmp), seed=seed, **cfg)
+        m = elastic_local.load(tmp)
+        seqs = [ids_of(seed + r, 1, n + steps)[0] for r, n in enumerate(lengths)]
+        with torch.inference_mode():
+            caches = []
+            for s, n in zip(seqs, lengths):
+                caches.append(m.new_cache())
+                m.forward(s[None, :n], cache=caches[-1])
+            cache = HybridCache.stack(caches)
+            out = [m.forward(torch.stack([s[n + t] for s, n in zip(seqs, lengths)])[:, None], cache=cache)
+                   for t in range(steps)]
+        got = torch.cat(out, dim=1)
+        for r, (s, n) in enumerate(zip(seqs, lengths)):
+            torch.testing.assert_close(got[r], hf_logits(hf, s[None])[0, n:], atol=1e-4, rtol=0)
+
+
 @given(cfg=configs(quantizable=True), seed=st.integers(0, 2**16))
 def test_any_quantizable_configuration_nests_slices_quantizes_and_generates(cfg, seed):
     from transformers import NemotronHForCausalLM
