@@ -139,3 +139,16 @@ def test_a_generation_of_several_prompts_decodes_its_batch_in_c_rows(tmp_path, m
     assert rows and max(rows) >= 2  # rows on one budget at a time: the sub-batches of a step
     for p, r in zip(prompts, together):
         assert r.ids == Generation(m, [p], request).collect()[0].ids
+
+
+def test_a_batch_step_without_scratch_memory_says_so_and_leaves_every_row_where_it_was(nested_tails):
+    from types import SimpleNamespace
+
+    m = elastic_local.load(nested_tails)
+    with torch.inference_mode():
+        cache = prefilled(m.net, m.budget(), [torch.tensor([1, 2, 3]), torch.tensor([4, 5])])
+        c_step = m.net._c_step(cache)
+        c_step.lib = SimpleNamespace(decode_rows=lambda *args: -1)
+        with pytest.raises(MemoryError, match="decode step's scratch buffer at position 3.*free memory"):
+            m.net.forward(torch.tensor([[6], [7]]), cache=cache)
+    assert cache.lengths == [3, 2]
