@@ -2,6 +2,7 @@
 plain transpose, product by product, side by side in one process.
 
     .venv/bin/python benchmarks/bench_prefill.py [--configs 30m,100m] [--reps 9] [--threads 2] [--bf16]
+    .venv/bin/python benchmarks/bench_prefill.py --short [--configs demo,gen,100m]
 
 Every distinct float32 projection of the config (linear.Panels: Mamba's in_proj and out_proj,
 attention's, the shared expert's), x of 16 / 128 / 1024 rows (a short prompt, the benchmark prompt, a
@@ -12,6 +13,8 @@ file runs them): torch's bf16 matmul, the panels widened to float32 FMAs (ELASTI
 panels on the CPU's bf16 dot products (AVX512-BF16, gemv.c's gemm_p_bf16x); then whole prompts of 128 and
 512 tokens of the config loaded in bfloat16, in BF16, FP8 and NVFP4 (gemm_packed_bf16x), the dots off and on.
 Whole prompts against an earlier revision: bench_revs.py (each revision's own layout and code).
+With --short, only prompts of 2-64 tokens of one sequence: the C step's rows (model/step.c's decode_rows,
+which `forward` runs up to step.PREFILL_ROWS tokens) against the torch layers, whole prompts alternated.
 """
 
 from __future__ import annotations
@@ -148,6 +151,30 @@ def bf16_prompts(path, name: str, reps: int) -> None:
                   f"({s['off'] / s['on']:.2f}x)")
 
 
+def short_prompts(m, name: str, reps: int) -> None:
+    """One sequence's prompt of 2-64 tokens into a fresh cache, the C step's rows (`DecodeStep.prefill`: what
+    `forward` runs up to step.PREFILL_ROWS tokens) against the torch layers, on the largest and smallest
+    budget, alternated rep by rep: milliseconds (medians of reps, 3 prompts each) and the speed-up."""
+    from unittest import mock
+
+    from elastic_local.model import step
+
+    print(f"\n{name}: short prompts, C step rows against the torch layers (ms, medians of {reps})")
+    for T in (2, 4, 8, 16, 32, 64):
+        ids = torch.randint(3, min(999, m.config.vocab_size), (1, T), generator=torch.Generator().manual_seed(T))
+        for budget in dict.fromkeys((m.budgets[0], m.budgets[-1])):
+            times: dict[str, list[float]] = {"c": [], "torch": []}
+            for _ in range(reps):
+                for side in times:
+                    with mock.patch.object(step, "PREFILL_ROWS", step.PREFILL_ROWS if side == "c" else 0):
+                        t = time.perf_counter()
+                        for _ in range(3):
+                            m.forward(ids, cache=m.new_cache(1, budget=budget), last_only=True)
+                        times[side].append((time.perf_counter() - t) / 3)
+            c, t = median(times["c"]), median(times["torch"])
+            print(f"  {T:>3} tokens  {budget:<6} C {1e3 * c:8.3f}  torch {1e3 * t:8.3f}  C x{t / c:.2f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configs", default="30m,100m")
@@ -155,6 +182,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--bf16", action="store_true", help="also the products and whole prompts in bfloat16, bf16 "
                    "dot products (AVX512-BF16) against the panels widened to float32")
+    p.add_argument("--short", action="store_true", help="only short prompts: the C step's rows against the torch "
+                   "layers (configs may include demo and gen)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     import elastic_local
@@ -167,6 +196,9 @@ def main() -> None:
         path = bench_ab.checkpoint(name)
         with torch.inference_mode():
             m = elastic_local.load(str(path))
+            if args.short:
+                short_prompts(m, name, args.reps)
+                continue
             products(m, name, args.reps)
             if args.bf16:
                 if not gemv.bf16_dot():

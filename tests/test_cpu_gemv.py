@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from tiny import make_checkpoint
 
 import elastic_local
-from elastic_local.model import gemv
+from elastic_local.model import gemv, step
 from elastic_local.model.linear import linear
 from elastic_local.quant import quantize_fp8, quantize_nvfp4
 
@@ -460,6 +460,7 @@ def test_both_layouts_decode_every_budget_like_torch_matmul(tmp_path, monkeypatc
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 96, (9,), generator=g), torch.randint(0, 96, (4,), generator=g)]
     kernels = gemv.library()
+    monkeypatch.setattr(step, "build", lambda net, b: None)  # the layers' products, not the C step's rows
     with torch.inference_mode():
         for name in m_default.budgets:
             monkeypatch.setattr(gemv, "_library", None)  # the reference: torch's path throughout
@@ -505,7 +506,11 @@ def test_a_bf16_file_loads_into_bf16_panels_and_decodes_like_its_float32_weights
                                     max_think_tokens=3, max_answer_tokens=6, ignore_eos=True).ids
             spy = Spy(kernels)
             monkeypatch.setattr(gemv, "_library", spy)
-            got_logits, got = decode(m.net, m.budget(name), prompts, 6)
+            with monkeypatch.context() as p:  # the layers' products, not the C step's rows
+                p.setattr(step, "build", lambda net, b: None)
+                m.net.c_steps.clear()
+                got_logits, got = decode(m.net, m.budget(name), prompts, 6)
+            m.net.c_steps.clear()
             assert "gemv_p_bf16" in spy.called and "gemm_p_bf16" in spy.called
             assert torch.equal(got, want), name
             for a, b in zip(got_logits, want_logits):

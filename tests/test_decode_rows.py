@@ -152,3 +152,42 @@ def test_a_batch_step_without_scratch_memory_says_so_and_leaves_every_row_where_
         with pytest.raises(MemoryError, match="decode step's scratch buffer at position 3.*free memory"):
             m.net.forward(torch.tensor([[6], [7]]), cache=cache)
     assert cache.lengths == [3, 2]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_short_prompt_prefills_as_one_steps_rows_with_the_bits_of_its_tokens_one_at_a_time(nested_tails, dtype,
+                                                                                              threads, monkeypatch):
+    """One sequence's prompt of up to PREFILL_ROWS tokens runs as the rows of one C step (each Mamba group's
+    state carried from row to row, each row's attention reading the rows before it from the cache): its
+    logits and the states it leaves are those of its tokens decoded one at a time, on every budget; a
+    longer prompt takes the torch layers, whose products read each weight once for all its rows."""
+    m = elastic_local.load(nested_tails, dtype=dtype)
+    g = torch.Generator().manual_seed(8)
+    calls = torch_layers_never_run_a_step(monkeypatch)
+    for b in (m.budget(name) for name in m.budgets):
+        for start, n in ((0, 1 + step.PREFILL_ROWS // 2), (7, step.PREFILL_ROWS)):  # a fresh cache; one that holds 7
+            ids = torch.randint(0, 96, (1, start + n), generator=g)
+            with torch.inference_mode():
+                rows, alone = m.net.new_cache(budget=b), m.net.new_cache(budget=b)
+                if start:
+                    for c in (rows, alone):
+                        m.net.forward(ids[:, :start], cache=c)
+                got = m.net.forward(ids[:, start:], cache=rows)
+                last = got[:, -1:]
+                want = torch.stack([m.net.decode_token(int(t), alone)[0] for t in ids[0, start:]])[None]
+            assert torch.equal(got, want), (b.name, start)
+            assert rows.lengths == alone.lengths == [start + n]
+            for x, y in ((x, y) for x, y in zip(rows.layers, alone.layers) if x is not None):
+                for name in vars(x):
+                    a, c = getattr(x, name), getattr(y, name)
+                    t = min(a.shape[2], c.shape[2]) if name in ("k", "v") else None
+                    assert torch.equal(a[:, :, :t], c[:, :, :t]), (b.name, name)
+            with torch.inference_mode():
+                again = m.net.new_cache(budget=b)
+                if start:
+                    m.net.forward(ids[:, :start], cache=again)
+                assert torch.equal(m.net.forward(ids[:, start:], cache=again, last_only=True), last)
+    assert calls == []
+    with torch.inference_mode():
+        m.net.forward(torch.randint(0, 96, (1, step.PREFILL_ROWS + 1), generator=g), cache=m.net.new_cache())
+    assert calls == [step.PREFILL_ROWS + 1]

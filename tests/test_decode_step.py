@@ -80,7 +80,7 @@ def test_every_budget_decodes_like_the_torch_path_across_cache_growth(nested_tai
                       _calls.append(ids.shape[1]) or _run(net, ids, *a, **k))
             got_logits, got = greedy(m.net, b, prompt, 70)
         assert isinstance(m.net.c_steps[b], step.DecodeStep), name
-        assert calls == [9], "a decode step ran the torch path"  # only the prefill
+        assert calls == [], "a step ran the torch path"  # the prompt too: its 9 tokens as the rows of one C step
         # a Mamba block whose budget keeps every head runs in_proj as one product, a pruned one as four
         assert {args.in_proj.out > 0 for _, kind, args in m.net.c_steps[b].blocks if kind == "M"} == {b != heads}
         assert torch.equal(got, want), (precision, name)

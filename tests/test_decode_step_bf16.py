@@ -87,7 +87,10 @@ def test_every_budget_of_a_bfloat16_network_decodes_in_c_nearer_float32_than_its
         in_c = decode_logits(m.net, ids, 10, in_c=True, budget=b)
         assert isinstance(m.net.c_steps[b], step.DecodeStep), b.name
         on_torch = decode_logits(m.net, ids, 10, in_c=False, budget=b)
-        err_c, err_torch = (in_c - want).abs().mean(), (on_torch - want).abs().mean()
+        # the median over positions: where the bf16 rounding tips a near-tie of the router, one position's
+        # logits jump and the states carry it for a dozen tokens, on either path (measured: 0.79 at one position
+        # of 71, against 0.002-0.004 at the others)
+        err_c, err_torch = ((x - want).abs().mean(-1).median() for x in (in_c, on_torch))
         assert err_c < err_torch, (precision, b.name, err_c, err_torch)
         copies = copies or len(m.net.c_floats)
         assert len(m.net.c_floats) == copies > 0  # the float32 norms and convolution: one copy for every budget

@@ -314,11 +314,17 @@ class NemotronH:
         if cache is not None and budget is not None and budget != cache.budget:
             raise ValueError(f"this cache belongs to budget {cache.budget.name!r}, not {budget.name!r}")
         T = ids.shape[1]
-        if cache is not None and T == 1 and soft is None and soft_hidden is None and self.observer is None:
+        plain = cache is not None and soft is None and soft_hidden is None and self.observer is None
+        rows = ids.shape[0]
+        # the C step (CPU): a token of each row, or a short prompt of one sequence as the rows of one step
+        if plain and rows == cache.batch_size and (T == 1 or (rows == 1 and 1 < T <= step.PREFILL_ROWS)):
             if (c_step := self._c_step(cache)) is not None:
-                if ids.shape[0] == 1:
+                if T > 1:
+                    return c_step.prefill(ids[0].tolist(), cache, last_only)
+                if rows == 1:
                     return c_step(int(ids[0, 0]), cache)[:, None]
                 return c_step.rows(ids[:, 0].tolist(), cache)[:, None]
+        if plain and T == 1:
             if self.graphs is not None and torch.is_inference_mode_enabled():
                 return self._graphed_step(ids, b, cache)
             if self.compiled is not None and torch.is_inference_mode_enabled():

@@ -1348,6 +1348,7 @@ static void run_rows(const product *p) {
 typedef struct {
     int64_t R;
     const int64_t *pos, *stride;
+    int64_t seq; /* the rows are one sequence's tokens, in order (a prompt): its states carry from row to row */
 } batch;
 
 static inline void *row_state(const step *s, const batch *b, int64_t i, int64_t r) {
@@ -1383,21 +1384,23 @@ static void mamba_rows(const mamba *L, const step *s, const batch *b, int64_t i,
     }
     meet(me);
     #pragma omp for schedule(static) nowait
-    for (int64_t u = 0; u < R * G; u++) {
-        const int64_t q0 = u / G, g = u % G;
-        float *z = ZXD + q0 * row, *xbc = z + kp, *dt = xbc + C, *y = Y + q0 * kp;
-        void *conv = row_state(s, b, 2 * i, q0);
-        float *slab = (float *)row_state(s, b, 2 * i + 1, q0) + g * r * p * N;
-        for (int64_t q = 0, n, at; q < r + 2; q++) { /* its heads' x channels, B's, C's */
-            const int64_t c0 = group_run(L, g, q, &n, &at);
-            conv_channels(L, conv_at(L, conv, c0), xbc, xbc + c0, c0, c0 + n);
+    for (int64_t u = 0; u < (b->seq ? G : R * G); u++) { /* a sequence's rows: a group's, one after another */
+        const int64_t g = u % G, first = b->seq ? 0 : u / G, last = b->seq ? R : first + 1;
+        for (int64_t q0 = first; q0 < last; q0++) {
+            float *z = ZXD + q0 * row, *xbc = z + kp, *dt = xbc + C, *y = Y + q0 * kp;
+            void *conv = row_state(s, b, 2 * i, q0);
+            float *slab = (float *)row_state(s, b, 2 * i + 1, q0) + g * r * p * N;
+            for (int64_t q = 0, n, at; q < r + 2; q++) { /* its heads' x channels, B's, C's */
+                const int64_t c0 = group_run(L, g, q, &n, &at);
+                conv_channels(L, conv_at(L, conv, c0), xbc, xbc + c0, c0, c0 + n);
+            }
+            for (int64_t q = 0; q < r; q++) {
+                const int64_t j = q * G + g;
+                ssm_head(L, j, xbc + j * p, xbc + kp + g * N, xbc + kp + gn + g * N, dt[j], slab, y + j * p);
+                silu_into(y + j * p, z + j * p, p);
+            }
+            group_norm(L, y, g);
         }
-        for (int64_t q = 0; q < r; q++) {
-            const int64_t j = q * G + g;
-            ssm_head(L, j, xbc + j * p, xbc + kp + g * N, xbc + kp + gn + g * N, dt[j], slab, y + j * p);
-            silu_into(y + j * p, z + j * p, p);
-        }
-        group_norm(L, y, g);
     }
     meet(me);
     product o = {&L->out, Y, OUT, .m = R, .ldy = d};
@@ -1419,16 +1422,23 @@ static void attention_rows(const attention *L, const step *s, const batch *b, in
     products(me, qkv, 3);
     meet(me);
     #pragma omp for schedule(static) nowait
+    for (int64_t u = 0; u < R * KV; u++) { /* each row's key and value into its cache */
+        const int64_t q0 = u / KV, g = u % KV, pos = b->pos[q0];
+        char *kc = row_state(s, b, 2 * i, q0), *vc = row_state(s, b, 2 * i + 1, q0);
+        const float *kn = KN + q0 * KV * hd + g * hd, *vn = VN + q0 * KV * hd + g * hd;
+        for (int64_t c = 0; c < hd; c++) {
+            const int64_t at = (g * capacity + pos) * hd + c;
+            if (L->bf16) ((uint16_t *)kc)[at] = narrow1(kn[c]), ((uint16_t *)vc)[at] = narrow1(vn[c]);
+            else ((float *)kc)[at] = kn[c], ((float *)vc)[at] = vn[c];
+        }
+    }
+    if (b->seq) meet(me); /* a sequence's later rows read its earlier rows' keys and values */
+    #pragma omp for schedule(static) nowait
     for (int64_t u = 0; u < R * KV; u++) {
         const int64_t q0 = u / KV, g = u % KV, pos = b->pos[q0], T = pos + 1;
         const int64_t S = attention_runs(T), run = ((T + S - 1) / S + 7) / 8 * 8;
         char *kc = row_state(s, b, 2 * i, q0), *vc = row_state(s, b, 2 * i + 1, q0);
         const float *q = Q + q0 * heads * hd, *kn = KN + q0 * KV * hd + g * hd, *vn = VN + q0 * KV * hd + g * hd;
-        for (int64_t c = 0; c < hd; c++) { /* this token's key and value into the row's cache */
-            const int64_t at = (g * capacity + pos) * hd + c;
-            if (L->bf16) ((uint16_t *)kc)[at] = narrow1(kn[c]), ((uint16_t *)vc)[at] = narrow1(vn[c]);
-            else ((float *)kc)[at] = kn[c], ((float *)vc)[at] = vn[c];
-        }
         for (int64_t t = 0; t < S; t++) { /* run t of query head i at part + (i S + t) (hd + 2) */
             const int64_t t0 = t * run < T ? t * run : T, t1 = t0 + run < T ? t0 + run : T;
             attend(q, KV, g, r, hd, kc + g * capacity * hd * size, vc + g * capacity * hd * size, (int)L->bf16, kn, vn,
@@ -1548,7 +1558,7 @@ static int64_t rows_scratch(const step *s, int64_t i, int64_t R) {
    row's logits have the bits it gets alone where the weights are panels (run_rows); otherwise they agree
    to rounding. 0, or -1 where the scratch could not be allocated. */
 int decode_rows(const step *s, int64_t R, const int64_t *tokens, const int64_t *pos, const int64_t *stride,
-                float *logits, int threads) {
+                int64_t seq, int64_t last, float *logits, int threads) {
     const int64_t d = s->d, V = s->lm_head->out, team = threads > 1 ? threads : 1;
     int64_t shared = 0, part = 0, routes = 0;
     for (int64_t i = 0; i < s->n; i++) {
@@ -1569,7 +1579,7 @@ int decode_rows(const step *s, int64_t R, const int64_t *tokens, const int64_t *
     if (!H) return -1;
     float *sh = H + LINE(R * d), *mine = sh + LINE(shared), *wts = mine + team * each;
     int64_t *ids = (int64_t *)(wts + LINE(routes)); /* [routes], two floats' room each */
-    const batch b = {R, pos, stride};
+    const batch b = {R, pos, stride, seq};
     const unsigned int csr = _mm_getcsr(); /* as run_tokens: every thread in the caller's float mode */
     meeting all = {0, 0};
     #pragma omp parallel num_threads(threads)
@@ -1596,8 +1606,9 @@ int decode_rows(const step *s, int64_t R, const int64_t *tokens, const int64_t *
             }
             meet(&me);
         }
-        norm_all(H, s->norm, X, R, d, s->eps);
-        product head = {s->lm_head, X, logits, .m = R, .ldy = V};
+        const int64_t from = last ? R - 1 : 0; /* `last`: the last row's logits only (a prompt's) */
+        norm_all(H + from * d, s->norm, X, R - from, d, s->eps);
+        product head = {s->lm_head, X, logits, .m = R - from, .ldy = V};
         products(&me, &head, 1);
         _mm_setcsr(own_csr);
     }
