@@ -1,5 +1,6 @@
 """The decode step on the CPU in C: one call per token (step.c), its arguments built once per budget; a
-batch's rows in one call too (`DecodeStep.rows`: every product once for all of them).
+batch's rows in one call too (`DecodeStep.rows`: every product once for all of them), and a short prompt
+as the rows of one call (`DecodeStep.prefill`).
 
 Why: batch-1 decode of a small model is a few thousand small torch ops per token whose dispatch, not the
 weights, sets the speed (docs/decode-speed.md, CPU decode kernels). step.c runs each block (norm, projections, the
@@ -347,10 +348,7 @@ class DecodeStep:
                 a, b = (s.conv, s.ssm) if kind == "M" else (s.k, s.v) if kind == "*" else (None, None)
                 if a is not None:
                     strides[2 * j], strides[2 * j + 1] = (t.stride(0) * t.element_size() for t in (a, b))
-            self.args.balance = ctypes.addressof(self.balance(torch.get_num_threads()))
-            if self.lib.decode_rows(self._args, R, (_I * R)(*tokens), (_I * R)(*pos), strides, 0, 0,
-                                    logits.data_ptr(), torch.get_num_threads()):
-                raise _out_of_memory(max(pos))
+            self._decode_rows(tokens, pos, strides, False, logits)
         cache.lengths = [p + 1 for p in pos]
         return logits
 
@@ -364,13 +362,20 @@ class DecodeStep:
         logits = torch.empty(1 if last_only else R, self.lm_head.out)
         with self._lock:
             pos = self._prepare(tokens, cache, R)
-            self.args.balance = ctypes.addressof(self.balance(torch.get_num_threads()))
             strides = (_I * (2 * len(self.blocks)))()  # every row the one sequence's states
-            if self.lib.decode_rows(self._args, R, (_I * R)(*tokens), (_I * R)(*range(pos, pos + R)), strides, 1,
-                                    int(last_only), logits.data_ptr(), torch.get_num_threads()):
-                raise _out_of_memory(pos)
+            self._decode_rows(tokens, list(range(pos, pos + R)), strides, True, logits)
         cache.lengths = [pos + R]
         return logits[None]
+
+    def _decode_rows(self, tokens: list[int], positions: list[int], strides: ctypes.Array, sequence: bool,
+                     logits: Tensor) -> None:
+        """step.c's decode_rows on the prepared cache, on torch's thread count and its shares; logits holds
+        every row's, or (one row fewer than the tokens) the last row's."""
+        R = len(tokens)
+        self.args.balance = ctypes.addressof(self.balance(torch.get_num_threads()))
+        if self.lib.decode_rows(self._args, R, (_I * R)(*tokens), (_I * R)(*positions), strides, int(sequence),
+                                int(logits.shape[0] < R), logits.data_ptr(), torch.get_num_threads()):
+            raise _out_of_memory(max(positions))
 
     def _prepare(self, tokens: list[int], cache: HybridCache, n: int) -> int:
         """Point the step at `cache`, its K / V caches grown for `n` more tokens of every row (`tokens`, one a
