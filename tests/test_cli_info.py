@@ -23,7 +23,7 @@ def test_info_json_counts_match_the_tensors_in_the_file(tmp_path, capsys):
     assert d["kernels"]["mamba_scan"].startswith("C (model/step.c")
     assert "column panels" in d["kernels"]["linear"]
     assert ("bf16 dot products" in d["kernels"]["linear"]) == gemv.bf16_dot()  # what this CPU has
-    assert d["kernels"]["decode_step"].startswith("in C, one call per token")
+    assert d["kernels"]["decode_step"].startswith("in C (model/step.c): one call per token")
     assert d["kernels"]["weights"].startswith("4 KiB pages")  # a tiny model stays in the CPU's caches
 
 

@@ -75,7 +75,8 @@ def _decode_step(device: str) -> str:
     if device == "cuda":
         return "CUDA graphs, one per budget and cache (--no-cuda-graphs: eager)"
     if gemv.library() is not None:
-        return "in C, one call per token for one sequence (model/step.c); several rows: torch"
+        return ("in C (model/step.c): one call per token, for one sequence or a batch's rows (each weight read "
+                "once for all of them); a prompt of up to 64 tokens as the rows of one call")
     return "torch (eager)"
 
 
