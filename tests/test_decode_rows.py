@@ -1,6 +1,6 @@
 """A batch's decode step in C (step.c's decode_rows, `DecodeStep.rows`): rows at their own positions, one
 product per weight for all of them, against transformers from scratch, against each row alone, on any thread
-count."""
+count; and a short prompt as the rows of one step (`DecodeStep.prefill`), against its tokens one at a time."""
 
 from dataclasses import replace
 
