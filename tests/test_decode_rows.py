@@ -133,8 +133,8 @@ def test_a_generation_of_several_prompts_decodes_its_batch_in_c_rows(tmp_path, m
     request = Request(think_budget="small", answer_budget="full", max_think_tokens=6, max_answer_tokens=5,
                       ignore_eos=True, think_close="ok.")
     rows: list[int] = []
-    monkeypatch.setattr(step.DecodeStep, "rows", lambda self, tokens, cache, _rows=step.DecodeStep.rows:
-                        rows.append(len(tokens)) or _rows(self, tokens, cache))
+    monkeypatch.setattr(step.DecodeStep, "rows", lambda self, tokens, *a, _rows=step.DecodeStep.rows:
+                        rows.append(len(tokens)) or _rows(self, tokens, *a))
     together = Generation(m, prompts, request).collect()
     assert rows and max(rows) >= 2  # rows on one budget at a time: the sub-batches of a step
     for p, r in zip(prompts, together):
@@ -191,3 +191,25 @@ def test_a_short_prompt_prefills_as_one_steps_rows_with_the_bits_of_its_tokens_o
     with torch.inference_mode():
         m.net.forward(torch.randint(0, 96, (1, step.PREFILL_ROWS + 1), generator=g), cache=m.net.new_cache())
     assert calls == [step.PREFILL_ROWS + 1]
+
+
+def test_some_rows_of_a_batch_decode_in_place_and_leave_the_others_to_the_bit(nested_tails):
+    """`NemotronH.decode_rows` (the engine's sub-batches: rows of one budget while others think on another)
+    steps only the rows it names, where they lie in the batched cache: those rows get the logits they get
+    alone, the other rows' states and lengths do not change."""
+    m = elastic_local.load(nested_tails)
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, 96, (n,), generator=g) for n in (5, 9, 2, 7)]
+    with torch.inference_mode():
+        cache = prefilled(m.net, m.budget(), prompts)
+        before = [{n: getattr(s, n).clone() for n in vars(s)} for s in cache.layers if s is not None]
+        got = m.net.decode_rows([11, 12], cache, [2, 0])
+    assert cache.lengths == [6, 9, 3, 7]
+    for r, t, row in ((2, 11, got[0]), (0, 12, got[1])):
+        assert torch.equal(row, alone_steps(m.net, m.budget(), prompts[r], torch.tensor([t]))[0])
+    after = [s for s in cache.layers if s is not None]
+    for b, s in zip(before, after):
+        for name, t in b.items():
+            for r in (1, 3):  # untouched rows, every position
+                assert torch.equal(getattr(s, name)[r, ..., :t.shape[-2], :] if name in ("k", "v") else
+                                   getattr(s, name)[r], t[r]), name

@@ -153,6 +153,8 @@ class CacheSet:
         ids = torch.tensor([[t] for t in last], device=self.model.device)
         if positions == list(range(cache.batch_size)):
             return self._forward(ids, cache)
+        if (out := self.model.net.decode_rows(last, cache, positions)) is not None:  # in place, on the CPU
+            return out
         sub = take_rows(cache, positions)
         out = self._forward(ids, sub)
         put_rows(cache, positions, sub)

@@ -1343,16 +1343,17 @@ static void run_rows(const product *p) {
     }
 }
 
-/* What a batch's blocks read beside the step: R rows, row r's token at position pos[r], its states
-   stride[i] bytes past row r - 1's (state i of the step's table: the batched cache's [B, ...] tensors). */
+/* What a batch's blocks read beside the step: R rows, row r's token at position pos[r], its states those of
+   the cache's row index[r] (r where index is NULL), rows stride[i] bytes apart (state i of the step's table:
+   the batched cache's [B, ...] tensors). */
 typedef struct {
     int64_t R;
-    const int64_t *pos, *stride;
+    const int64_t *pos, *stride, *index;
     int64_t seq; /* the rows are one sequence's tokens, in order (a prompt): its states carry from row to row */
 } batch;
 
 static inline void *row_state(const step *s, const batch *b, int64_t i, int64_t r) {
-    return (char *)s->state[i] + r * b->stride[i];
+    return (char *)s->state[i] + (b->index ? b->index[r] : r) * b->stride[i];
 }
 
 /* Every row of H [R, d] normed into X [R, d] (each thread its own copy: no meeting). */
@@ -1551,14 +1552,14 @@ static int64_t rows_scratch(const step *s, int64_t i, int64_t R) {
 }
 
 /* One token for each of R sequences (a batch's decode step): row r's token tokens[r] at position pos[r],
-   its states at the step's state table's pointers plus r * stride[i] bytes (row 0's: the batched cache's
-   [B, ...] tensors), its logits into logits [R, V]. Each product runs once on all the rows (a weight is
+   its states at the step's state table's pointers plus index[r] (or r) * stride[i] bytes (row 0's: the
+   batched cache's [B, ...] tensors; index: some of its rows, in place), its logits into logits [R, V]. Each product runs once on all the rows (a weight is
    read once a step, not once a row); the work of a row's own (convolution, scan, attention, routing)
    is shared among the threads a (row, group / KV head) at a time. One parallel region, as run_tokens. A
    row's logits have the bits it gets alone where the weights are panels (run_rows); otherwise they agree
    to rounding. 0, or -1 where the scratch could not be allocated. */
 int decode_rows(const step *s, int64_t R, const int64_t *tokens, const int64_t *pos, const int64_t *stride,
-                int64_t seq, int64_t last, float *logits, int threads) {
+                const int64_t *index, int64_t seq, int64_t last, float *logits, int threads) {
     const int64_t d = s->d, V = s->lm_head->out, team = threads > 1 ? threads : 1;
     int64_t shared = 0, part = 0, routes = 0;
     for (int64_t i = 0; i < s->n; i++) {
@@ -1579,7 +1580,7 @@ int decode_rows(const step *s, int64_t R, const int64_t *tokens, const int64_t *
     if (!H) return -1;
     float *sh = H + LINE(R * d), *mine = sh + LINE(shared), *wts = mine + team * each;
     int64_t *ids = (int64_t *)(wts + LINE(routes)); /* [routes], two floats' room each */
-    const batch b = {R, pos, stride, seq};
+    const batch b = {R, pos, stride, index, seq};
     const unsigned int csr = _mm_getcsr(); /* as run_tokens: every thread in the caller's float mode */
     meeting all = {0, 0};
     #pragma omp parallel num_threads(threads)

@@ -332,14 +332,15 @@ class DecodeStep:
             raise ValueError(sample.NOT_FINITE)
         return out[:ran]
 
-    def rows(self, tokens: list[int], cache: HybridCache) -> Tensor:
-        """Logits [R, V] of one token for each of a batched cache's R rows, each at its own position
-        (step.c's decode_rows: every product once for all the rows); the cache consumes them."""
-        R, V = len(tokens), self.lm_head.out
-        if R != cache.batch_size:
-            raise ValueError(f"{R} tokens for a cache of {cache.batch_size} rows")
-        logits = torch.empty(R, V)
-        pos = list(cache.lengths)
+    def rows(self, tokens: list[int], cache: HybridCache, rows: list[int] | None = None) -> Tensor:
+        """Logits [R, V] of one token for each of a batched cache's R rows (`rows` of them, in place, or all),
+        each at its own position (step.c's decode_rows: every product once for all the rows); the cache
+        consumes them."""
+        rows = list(range(cache.batch_size)) if rows is None else rows
+        if len(tokens) != len(rows) or not set(rows) <= set(range(cache.batch_size)):
+            raise ValueError(f"{len(tokens)} tokens for rows {rows} of a cache of {cache.batch_size}")
+        logits = torch.empty(len(rows), self.lm_head.out)
+        pos = [cache.lengths[r] for r in rows]
         with self._lock:
             self._prepare(tokens, cache, 1)
             layers, strides = cache.layers, (_I * (2 * len(self.blocks)))()
@@ -348,8 +349,9 @@ class DecodeStep:
                 a, b = (s.conv, s.ssm) if kind == "M" else (s.k, s.v) if kind == "*" else (None, None)
                 if a is not None:
                     strides[2 * j], strides[2 * j + 1] = (t.stride(0) * t.element_size() for t in (a, b))
-            self._decode_rows(tokens, pos, strides, False, logits)
-        cache.lengths = [p + 1 for p in pos]
+            self._decode_rows(tokens, pos, strides, False, logits, rows)
+        for r, p in zip(rows, pos):
+            cache.lengths[r] = p + 1
         return logits
 
     def prefill(self, tokens: list[int], cache: HybridCache, last_only: bool) -> Tensor:
@@ -363,18 +365,19 @@ class DecodeStep:
         with self._lock:
             pos = self._prepare(tokens, cache, R)
             strides = (_I * (2 * len(self.blocks)))()  # every row the one sequence's states
-            self._decode_rows(tokens, list(range(pos, pos + R)), strides, True, logits)
+            self._decode_rows(tokens, list(range(pos, pos + R)), strides, True, logits, None)
         cache.lengths = [pos + R]
         return logits[None]
 
     def _decode_rows(self, tokens: list[int], positions: list[int], strides: ctypes.Array, sequence: bool,
-                     logits: Tensor) -> None:
-        """step.c's decode_rows on the prepared cache, on torch's thread count and its shares; logits holds
-        every row's, or (one row fewer than the tokens) the last row's."""
+                     logits: Tensor, rows: list[int] | None) -> None:
+        """step.c's decode_rows on the prepared cache (its `rows`, or all), on torch's thread count and its
+        shares; logits holds every row's, or (one row fewer than the tokens) the last row's."""
         R = len(tokens)
+        index = None if rows is None else (_I * R)(*rows)
         self.args.balance = ctypes.addressof(self.balance(torch.get_num_threads()))
-        if self.lib.decode_rows(self._args, R, (_I * R)(*tokens), (_I * R)(*positions), strides, int(sequence),
-                                int(logits.shape[0] < R), logits.data_ptr(), torch.get_num_threads()):
+        if self.lib.decode_rows(self._args, R, (_I * R)(*tokens), (_I * R)(*positions), strides, index,
+                                int(sequence), int(logits.shape[0] < R), logits.data_ptr(), torch.get_num_threads()):
             raise _out_of_memory(max(positions))
 
     def _prepare(self, tokens: list[int], cache: HybridCache, n: int) -> int:
