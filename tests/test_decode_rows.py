@@ -204,6 +204,9 @@ def test_some_rows_of_a_batch_decode_in_place_and_leave_the_others_to_the_bit(ne
         cache = prefilled(m.net, m.budget(), prompts)
         before = [{n: getattr(s, n).clone() for n in vars(s)} for s in cache.layers if s is not None]
         got = m.net.decode_rows([11, 12], cache, [2, 0])
+        for tokens, rows in (([1, 2], [1, 1]), ([1], [4]), ([1, 2], [1])):  # a row twice, none such, a token short
+            with pytest.raises(ValueError, match="tokens for rows"):
+                m.net.decode_rows(tokens, cache, rows)
     assert cache.lengths == [6, 9, 3, 7]
     for r, t, row in ((2, 11, got[0]), (0, 12, got[1])):
         assert torch.equal(row, alone_steps(m.net, m.budget(), prompts[r], torch.tensor([t]))[0])

@@ -337,7 +337,7 @@ class DecodeStep:
         each at its own position (step.c's decode_rows: every product once for all the rows); the cache
         consumes them."""
         rows = list(range(cache.batch_size)) if rows is None else rows
-        if len(tokens) != len(rows) or not set(rows) <= set(range(cache.batch_size)):
+        if len(tokens) != len(rows) or len(set(rows)) != len(rows) or not set(rows) <= set(range(cache.batch_size)):
             raise ValueError(f"{len(tokens)} tokens for rows {rows} of a cache of {cache.batch_size}")
         logits = torch.empty(len(rows), self.lm_head.out)
         pos = [cache.lengths[r] for r in rows]
@@ -349,7 +349,7 @@ class DecodeStep:
                 a, b = (s.conv, s.ssm) if kind == "M" else (s.k, s.v) if kind == "*" else (None, None)
                 if a is not None:
                     strides[2 * j], strides[2 * j + 1] = (t.stride(0) * t.element_size() for t in (a, b))
-            self._decode_rows(tokens, pos, strides, False, logits, rows)
+            self._decode_rows(tokens, pos, strides, rows, sequence=False, last_only=False, logits=logits)
         for r, p in zip(rows, pos):
             cache.lengths[r] = p + 1
         return logits
@@ -365,19 +365,20 @@ class DecodeStep:
         with self._lock:
             pos = self._prepare(tokens, cache, R)
             strides = (_I * (2 * len(self.blocks)))()  # every row the one sequence's states
-            self._decode_rows(tokens, list(range(pos, pos + R)), strides, True, logits, None)
+            self._decode_rows(tokens, list(range(pos, pos + R)), strides, None, sequence=True, last_only=last_only,
+                              logits=logits)
         cache.lengths = [pos + R]
         return logits[None]
 
-    def _decode_rows(self, tokens: list[int], positions: list[int], strides: ctypes.Array, sequence: bool,
-                     logits: Tensor, rows: list[int] | None) -> None:
-        """step.c's decode_rows on the prepared cache (its `rows`, or all), on torch's thread count and its
-        shares; logits holds every row's, or (one row fewer than the tokens) the last row's."""
+    def _decode_rows(self, tokens: list[int], positions: list[int], strides: ctypes.Array, rows: list[int] | None,
+                     *, sequence: bool, last_only: bool, logits: Tensor) -> None:
+        """step.c's decode_rows on the prepared cache (its `rows`, or all; `sequence`: the tokens are one
+        sequence's), on torch's thread count and its shares, into logits [R, V] (`last_only`: [1, V])."""
         R = len(tokens)
         index = None if rows is None else (_I * R)(*rows)
         self.args.balance = ctypes.addressof(self.balance(torch.get_num_threads()))
         if self.lib.decode_rows(self._args, R, (_I * R)(*tokens), (_I * R)(*positions), strides, index,
-                                int(sequence), int(logits.shape[0] < R), logits.data_ptr(), torch.get_num_threads()):
+                                int(sequence), int(last_only), logits.data_ptr(), torch.get_num_threads()):
             raise _out_of_memory(max(positions))
 
     def _prepare(self, tokens: list[int], cache: HybridCache, n: int) -> int:
