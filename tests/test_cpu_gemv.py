@@ -114,23 +114,50 @@ def test_a_float32_prompt_decodes_packed_weights_a_block_of_inputs_at_a_time(sha
         torch.testing.assert_close(q.linear(x), F.linear(x, q.dequantize(torch.float32)), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("rows", [1, 3, 5, gemv.MAX_PACKED_ROWS])
+@pytest.mark.parametrize("shape", SHAPES + [(5000, 700)])
+def test_fp8_panels_and_their_budget_views_equal_the_dequantized_matmul(shape, rows):
+    """A float32 load's FP8 layout (FP8Panels: the codes in column panels): the whole weight and the blocks
+    budgets cut (views), one row (codes decoded in registers) and several (a panel's block widened for the
+    tiles), against the rows layout's own block; its dequantized values are the rows layout's exactly."""
+    out, k = shape
+    q = quantize_fp8(weight(shape, seed=5))
+    panels = q.cpu_layout()
+    assert type(panels).__name__ == "FP8Panels" and panels.cpu_layout() is panels
+    for r0, r1, cols in views(out, k):
+        view, rows_view = panels.block(r0, r1, cols), q.block(r0, r1, cols)
+        dense = rows_view.dequantize(torch.float32)
+        assert view.shape == (r1 - r0, cols) and torch.equal(view.dequantize(torch.float32), dense)
+        x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows))
+        assert view.kernel_name("cpu", rows=rows) == "cpu_gemv"
+        torch.testing.assert_close(view.linear(x), F.linear(x, dense), rtol=1e-5, atol=1e-4)
+        assert view.step_weight().format == step.PANELS_FP8
+
+
+def fp8_layouts():
+    """FP8's two CPU layouts: [out, in] rows (a bfloat16 load's) and column panels (a float32 load's)."""
+    return pytest.mark.parametrize("layout", [lambda q: q, lambda q: q.cpu_layout()], ids=["rows", "panels"])
+
+
+@fp8_layouts()
 @pytest.mark.parametrize("size", [1e-3, 100.0, 300.0, 1e6, 1e30])
-def test_fp8_decode_product_holds_for_inputs_of_any_size(size):
+def test_fp8_decode_product_holds_for_inputs_of_any_size(size, layout):
     """The one-row product scales x by a power of two that keeps x times it finite (exactly 2^120 while
     every |x| < 128): small, large and huge inputs, one of them far above the rest, against the dequantized
     matmul."""
     w = weight((40, 100), seed=3)
     x = torch.randn(1, 100, generator=torch.Generator().manual_seed(7))
     x[0, 37] = size
-    q = quantize_fp8(w)
+    q = layout(quantize_fp8(w))
     ref = F.linear(x.double(), q.dequantize(torch.float64))
     torch.testing.assert_close(q.linear(x).double(), ref, rtol=1e-5, atol=1e-5 * size)
 
 
-def test_fp8_subnormal_weights_survive_a_thread_that_flushes_subnormals():
+@fp8_layouts()
+def test_fp8_subnormal_weights_survive_a_thread_that_flushes_subnormals(layout):
     """The decode product reads e4m3's subnormals as float32 subnormals; with torch.set_flush_denormal on,
     the calling thread's products still read them (the kernel clears the bit for its products)."""
-    fp8 = every_fp8_code(64)
+    fp8 = layout(every_fp8_code(64))
     subnormal = torch.tensor([b for b in range(256) if b & 0x78 == 0 and b & 0x07])  # exponent 0, mantissa not
     dense = fp8.dequantize(torch.float32)
     assert torch.all(dense.flatten()[subnormal] != 0)
@@ -161,12 +188,14 @@ def every_fp8_code(inputs: int):
     return fp8
 
 
-def test_every_fp8_code_and_nvfp4_code_decodes_exactly():
+@fp8_layouts()
+def test_every_fp8_code_and_nvfp4_code_decodes_exactly(layout):
     """One-hot inputs read single weights back: all 256 e4m3 codes (subnormals and both zeros), in rows of 16
-    (the decode product's one-by-one tail) and of 64 (its blocks of 32), and every e2m1 code under every
-    e4m3 block scale the quantizer can write, in rows of 32 (blocks of 16) and of 64 (one block of 64)."""
+    (the decode product's one-by-one tail) and of 64 (its blocks of 32), in rows and in panels, and every
+    e2m1 code under every e4m3 block scale the quantizer can write, in rows of 32 (blocks of 16) and of 64
+    (one block of 64)."""
     for inputs in (16, 64):
-        fp8 = every_fp8_code(inputs)
+        fp8 = layout(every_fp8_code(inputs))
         dense = fp8.dequantize(torch.float32)
         for rows in (1, 4, 16):
             for i in range(0, inputs, rows):

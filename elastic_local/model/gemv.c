@@ -25,10 +25,15 @@
  * accumulators, four streams); more rows run the blocked product's register tiles straight on the panels
  * (section "Many rows of x"). A BF16 file's weights are kept in bf16 panels of the same shape, widened
  * exactly as they are read (half the bytes; the same sums as their float32 panels), each row's 24 columns
- * stored in the order bf16_panel_row reads (linear.BF16_COLUMNS).
- * The other formats keep W's rows: with one row of x the decode feeds the products directly; with two or
- * three, each weight row is decoded once into a scratch row that every row of x then reads; from four,
- * 24 weight rows at a time are decoded into a panel of the same shape that the tiles run over.
+ * stored in the order bf16_panel_row reads (linear.BF16_COLUMNS). A float32 load keeps an FP8 file's
+ * codes in e4m3 panels of the same shape (quant/fp8.py FP8Panels; gemv_p_fp8): one row of x decodes them in
+ * registers (e4m3x8_low), more rows widen a panel's block once for the tiles. As rows, a budget's view
+ * streamed 1.4-1.5x slower per weight than in panels at 448 of 768 inputs, and gen16's small budget decoded
+ * 1.66-1.80x slower (docs/decode-speed.md, "FP8 codes in column panels").
+ * The other formats (NVFP4, and FP8 in a bfloat16 load) keep W's rows: with one row of x the decode feeds
+ * the products directly; with two or three, each weight row is decoded once into a scratch row that every
+ * row of x then reads; from four, 24 weight rows at a time are decoded into a panel of the same shape that
+ * the tiles run over.
  * A bfloat16 prompt (x in bf16) runs on the CPU's bf16 dot products where it has them (AVX512-BF16, chosen
  * at run time: section "A bfloat16 prompt on bf16 dot products"), with bf16 or packed weights alike.
  */
@@ -136,9 +141,8 @@ __attribute__((constructor)) static void fill_e4m3_values(void) {
    same ones where a = 120 (every |x| < 128), else scaled down by a power of two that keeps x 2^a finite. */
 #define FP8_BLOCK 32
 
-/* xq = x for dot_fp8: each whole block of 32 permuted as above and times 2^a, the last K % 32 as they are;
-   returns 2^(120 - a), what undoes the scaling. */
-static float fp8_inputs(const float *x, int64_t K, float *xq) {
+/* The a of x's scaling: 2^a x stays finite, its products with value 2^-120 normal. */
+static int fp8_shift(const float *x, int64_t K) {
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
     __m256 most = _mm256_setzero_ps();
     int64_t k = 0;
@@ -149,9 +153,16 @@ static float fp8_inputs(const float *x, int64_t K, float *xq) {
     for (; k < K; k++) big = fmaxf(big, fabsf(x[k]));
     int e = 0;
     frexpf(big, &e); /* big < 2^e */
-    const int a = e > 7 ? 127 - e : 120;
+    return e > 7 ? 127 - e : 120;
+}
+
+/* xq = x for dot_fp8: each whole block of 32 permuted as above and times 2^a, the last K % 32 as they are;
+   returns 2^(120 - a), what undoes the scaling. */
+static float fp8_inputs(const float *x, int64_t K, float *xq) {
+    const int a = fp8_shift(x, K);
     const __m256 up = _mm256_set1_ps(ldexpf(1.f, a));
-    for (k = 0; k + FP8_BLOCK <= K; k += FP8_BLOCK) { /* [0..7 | 16..23] and [8..15 | 24..31], even then odd */
+    int64_t k = 0;
+    for (; k + FP8_BLOCK <= K; k += FP8_BLOCK) { /* [0..7 | 16..23] and [8..15 | 24..31], even then odd */
         const __m256 a0 = _mm256_loadu_ps(x + k), a1 = _mm256_loadu_ps(x + k + 8), a2 = _mm256_loadu_ps(x + k + 16),
                      a3 = _mm256_loadu_ps(x + k + 24);
         const __m256 p = _mm256_permute2f128_ps(a0, a2, 0x20), q = _mm256_permute2f128_ps(a0, a2, 0x31),
@@ -353,6 +364,34 @@ static inline void decode_bf16(const uint16_t *w, int64_t K, float *out) {
 #define PW 24  /* outputs per panel: three vectors */
 #define KC 256 /* panel rows a tile runs over: 24 x 256 floats = 24 KiB, within a 32 KiB L1 beside x's rows */
 
+/* What a panel holds: float32, bf16 (a BF16 file's weights) or e4m3 codes (an FP8 file's, model/linear.py
+   FP8Panels) of one per-tensor scale. */
+enum { P_F32, P_BF16, P_FP8 };
+
+/* Eight e4m3 bytes -> the float32s that hold value * 2^-120, by integer operations alone: each byte
+   sign-extended to 32 bits and shifted up by 20 leaves its exponent and mantissa in a float32's low
+   exponent bits and its mantissa, and its sign in bit 27 and above; the mask keeps the sign bit and those
+   7 bits (e4m3's subnormals become float32 subnormals, exactly). Three operations per eight weights, where
+   a rows product (dot_fp8) pays four and a horizontal sum per row. */
+static inline __m256 e4m3x8_low(const uint8_t *p) {
+    const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32((int)0x87F00000)));
+}
+
+/* kc rows of an e4m3 panel [kc, 24] -> float32 value * scale, rounded once (through fp16: value / 2^8
+   exactly, times 256 scale), as `panels` decodes an FP8 row for the tiles. */
+static void widen_fp8_panel(const uint8_t *p, int64_t kc, float scale, float *out) {
+    const __m256 s = _mm256_set1_ps(256.f * scale);
+    for (int64_t k = 0; k < kc; k++) {
+        const uint8_t *r = p + PW * k;
+        const __m256i h = e4m3_as_f16(_mm_loadu_si128((const __m128i *)r));
+        _mm256_storeu_ps(out + PW * k, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), s));
+        _mm256_storeu_ps(out + PW * k + 8, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), s));
+        _mm256_storeu_ps(out + PW * k + 16,
+                         _mm256_mul_ps(_mm256_cvtph_ps(e4m3x8_as_f16(_mm_loadl_epi64((const __m128i *)(r + 16)))), s));
+    }
+}
+
 /* c[r, 0:24] (+)= sum_k a[r, k] p[k, 0:24], r < R (a's rows lda apart), p [kc, 24] contiguous: twelve
    accumulators, 12 FMAs per k against 3 loads of p and 4 broadcasts of a (6 x 16 tiles: slower on five of
    six prompt shapes, docs/decode-speed.md). A bf16 panel (`bf16`) is widened as it is read (bf16_panel_row):
@@ -451,10 +490,11 @@ static inline void panel_range(int64_t skip, int64_t n0, int64_t n1, int64_t *q0
 #define WIDEN_ROWS 64
 const int64_t gemm_p_scratch = PANEL_SCRATCH; /* for step.c's experts */
 void gemm_p_part(const float *x, const void *p, int64_t ps, int64_t skip, float *y, int64_t M, int64_t N,
-                 int64_t K, int64_t n0, int64_t n1, float *c, int bf16) {
+                 int64_t K, int64_t n0, int64_t n1, float *c, int kind, float scale) {
     int64_t q0, q1;
     panel_range(skip, n0, n1, &q0, &q1);
     float *wide = c + 4 * PW;
+    const int bf16 = kind == P_BF16;
     for (int64_t b = q0; b < q1; b += NB) {
         const int64_t e = b + NB < q1 ? b + NB : q1;
         for (int64_t k0 = 0; k0 < K; k0 += KC) {
@@ -465,8 +505,12 @@ void gemm_p_part(const float *x, const void *p, int64_t ps, int64_t skip, float 
                     const int64_t hi = q * PW + PW - skip < n1 ? q * PW + PW - skip : n1;
                     const int64_t m = M - m0 < MC ? M - m0 : MC;
                     const void *slab = bf16 ? (const void *)((const uint16_t *)p + q * ps + k0 * PW)
-                                            : (const void *)((const float *)p + q * ps + k0 * PW);
-                    if (bf16 && m > WIDEN_ROWS) { /* widened once for all the rows */
+                                       : kind == P_FP8 ? (const void *)((const uint8_t *)p + q * ps + k0 * PW)
+                                                       : (const void *)((const float *)p + q * ps + k0 * PW);
+                    if (kind == P_FP8) { /* e4m3: widened to value * scale for every count of rows */
+                        widen_fp8_panel(slab, kc, scale, wide);
+                        slab = wide;
+                    } else if (bf16 && m > WIDEN_ROWS) { /* widened once for all the rows */
                         for (int64_t k = 0; k < kc; k++) {
                             __m256 v[3];
                             bf16_panel_row((const uint16_t *)slab + PW * k, v);
@@ -496,25 +540,25 @@ static void panel_share(int64_t skip, int64_t N, int64_t *n0, int64_t *n1) {
 
 /* y [M, N] = x [M, K] times a panel view: each thread takes a share of its panels. */
 static void gemm_p(const float *x, const void *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps,
-                   int64_t skip, int threads, int bf16) {
+                   int64_t skip, int threads, int kind) {
     #pragma omp parallel num_threads(threads) if (M * N * K >= 1 << 20)
     {
         int64_t n0, n1;
         panel_share(skip, N, &n0, &n1);
         float c[PANEL_SCRATCH];
-        if (n0 < n1) gemm_p_part(x, p, ps, skip, y, M, N, K, n0, n1, c, bf16);
+        if (n0 < n1) gemm_p_part(x, p, ps, skip, y, M, N, K, n0, n1, c, kind, 1.f);
     }
 }
 
 int gemm_p_f32(const float *x, const float *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps,
                int64_t skip, int threads) {
-    gemm_p(x, p, y, M, N, K, ps, skip, threads, 0);
+    gemm_p(x, p, y, M, N, K, ps, skip, threads, P_F32);
     return 0;
 }
 
 int gemm_p_bf16(const float *x, const uint16_t *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps,
                 int64_t skip, int threads) {
-    gemm_p(x, p, y, M, N, K, ps, skip, threads, 1);
+    gemm_p(x, p, y, M, N, K, ps, skip, threads, P_BF16);
     return 0;
 }
 
@@ -847,8 +891,9 @@ void part_f32(const float *x, const float *w, float *y, int64_t M, int64_t N, in
 }
 
 /* o[0:24G] = sums of G panels over K rows of one x: 3G accumulators, G streams; bf16 panels widened as
-   they are read (exactly: the sums are those of the same panels in float32). */
-static inline __attribute__((always_inline)) void panels_dot(int G, int bf16, const float *x, const void *p,
+   they are read (exactly: the sums are those of the same panels in float32), e4m3 ones (`kind` P_FP8) read
+   as value * 2^-120 (e4m3x8_low), x scaled to match (panels_vec). */
+static inline __attribute__((always_inline)) void panels_dot(int G, int kind, const float *x, const void *p,
                                                              int64_t ps, int64_t K, float *o) {
     __m256 acc[4][3];
     for (int g = 0; g < G; g++)
@@ -857,8 +902,10 @@ static inline __attribute__((always_inline)) void panels_dot(int G, int bf16, co
         const __m256 xk = _mm256_broadcast_ss(x + k);
         for (int g = 0; g < G; g++) {
             __m256 w[3];
-            if (bf16)
+            if (kind == P_BF16)
                 bf16_panel_row((const uint16_t *)p + g * ps + PW * k, w);
+            else if (kind == P_FP8)
+                for (int v = 0; v < 3; v++) w[v] = e4m3x8_low((const uint8_t *)p + g * ps + PW * k + 8 * v);
             else
                 for (int v = 0; v < 3; v++) w[v] = _mm256_loadu_ps((const float *)p + g * ps + PW * k + 8 * v);
             for (int v = 0; v < 3; v++) acc[g][v] = _mm256_fmadd_ps(xk, w[v], acc[g][v]);
@@ -872,38 +919,54 @@ static inline __attribute__((always_inline)) void panels_dot(int G, int bf16, co
    plain transpose on 2 threads, scratch: budget views that cut the outputs 1.4-1.65x, whole rows
    0.96-0.98x; one panel at a time, one stream, lost 0.65-0.84x on wide weights). */
 void panels_vec(const float *x, const void *p, int64_t ps, int64_t skip, int64_t K, float *y, int64_t n0,
-                int64_t n1, int bf16) {
+                int64_t n1, int kind, float scale) {
     int64_t q, q1;
     panel_range(skip, n0, n1, &q, &q1);
-    float o[4 * PW];
+    float o[4 * PW], xq[kind == P_FP8 ? K : 1], post = 1.f;
+    unsigned csr = 0;
+    if (kind == P_FP8) { /* x 2^a times value 2^-120: the outputs times 2^(120 - a) and the tensor's scale */
+        const int a = fp8_shift(x, K);
+        const float up = ldexpf(1.f, a);
+        for (int64_t k = 0; k < K; k++) xq[k] = x[k] * up;
+        x = xq, post = ldexpf(1.f, 120 - a) * scale, csr = subnormals_on();
+    }
+    const int64_t size = kind == P_F32 ? 4 : kind == P_BF16 ? 2 : 1;
     while (q < q1) {
         const int G = q1 - q < 4 ? (int)(q1 - q) : 4;
-        const void *pq = (const char *)p + q * ps * (bf16 ? 2 : 4);
-        switch (G * 2 + bf16) {
-        case 2: panels_dot(1, 0, x, pq, ps, K, o); break;
-        case 3: panels_dot(1, 1, x, pq, ps, K, o); break;
-        case 4: panels_dot(2, 0, x, pq, ps, K, o); break;
-        case 5: panels_dot(2, 1, x, pq, ps, K, o); break;
-        case 6: panels_dot(3, 0, x, pq, ps, K, o); break;
-        case 7: panels_dot(3, 1, x, pq, ps, K, o); break;
-        case 8: panels_dot(4, 0, x, pq, ps, K, o); break;
-        default: panels_dot(4, 1, x, pq, ps, K, o);
+        const void *pq = (const char *)p + q * ps * size;
+        switch (G * 3 + kind) {
+        case 3: panels_dot(1, P_F32, x, pq, ps, K, o); break;
+        case 4: panels_dot(1, P_BF16, x, pq, ps, K, o); break;
+        case 5: panels_dot(1, P_FP8, x, pq, ps, K, o); break;
+        case 6: panels_dot(2, P_F32, x, pq, ps, K, o); break;
+        case 7: panels_dot(2, P_BF16, x, pq, ps, K, o); break;
+        case 8: panels_dot(2, P_FP8, x, pq, ps, K, o); break;
+        case 9: panels_dot(3, P_F32, x, pq, ps, K, o); break;
+        case 10: panels_dot(3, P_BF16, x, pq, ps, K, o); break;
+        case 11: panels_dot(3, P_FP8, x, pq, ps, K, o); break;
+        case 12: panels_dot(4, P_F32, x, pq, ps, K, o); break;
+        case 13: panels_dot(4, P_BF16, x, pq, ps, K, o); break;
+        default: panels_dot(4, P_FP8, x, pq, ps, K, o);
         }
         const int64_t base = q * PW - skip, lo = base > n0 ? base : n0, hi = base + G * PW < n1 ? base + G * PW : n1;
-        memcpy(y + lo, o + (lo - base), sizeof(float) * (hi - lo));
+        if (kind == P_FP8)
+            for (int64_t i = lo; i < hi; i++) y[i] = o[i - base] * post;
+        else
+            memcpy(y + lo, o + (lo - base), sizeof(float) * (hi - lo));
         q += G;
     }
+    if (kind == P_FP8) _mm_setcsr(csr);
 }
 
 /* y[:, n0:n1] for M rows of x (y's rows N apart): one row on panels_vec, more on the tiles. */
 static void part_p(const float *x, const void *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps,
-                   int64_t skip, int64_t n0, int64_t n1, int bf16) {
+                   int64_t skip, int64_t n0, int64_t n1, int kind, float scale) {
     if (M == 1) {
-        panels_vec(x, p, ps, skip, K, y, n0, n1, bf16);
+        panels_vec(x, p, ps, skip, K, y, n0, n1, kind, scale);
         return;
     }
     float c[PANEL_SCRATCH];
-    gemm_p_part(x, p, ps, skip, y, M, N, K, n0, n1, c, bf16);
+    gemm_p_part(x, p, ps, skip, y, M, N, K, n0, n1, c, kind, scale);
 }
 
 /* The packed formats' and bf16 rows' one-row products read each weight row's first K inputs, a budget's
@@ -1012,13 +1075,26 @@ int gemv_f32(const float *x, const float *w, float *y, int64_t M, int64_t N, int
 
 int gemv_p_f32(const float *x, const float *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps,
                int64_t skip, int threads) {
-    SHARED(part_p(x, p, y, M, N, K, ps, skip, n0, n1, 0));
+    SHARED(part_p(x, p, y, M, N, K, ps, skip, n0, n1, P_F32, 1.f));
     return 0;
 }
 
 int gemv_p_bf16(const float *x, const uint16_t *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps,
                 int64_t skip, int threads) {
-    SHARED(part_p(x, p, y, M, N, K, ps, skip, n0, n1, 1));
+    SHARED(part_p(x, p, y, M, N, K, ps, skip, n0, n1, P_BF16, 1.f));
+    return 0;
+}
+
+/* x @ W.T * scale for e4m3 panels p (bytes; model/linear.py FP8Panels), any number of rows: each thread a
+   share of whole panels, so that no panel's block is widened by two threads. */
+int gemv_p_fp8(const float *x, const uint8_t *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps,
+               int64_t skip, float scale, int threads) {
+    #pragma omp parallel num_threads(threads) if (M * N * K >= 65536)
+    {
+        int64_t n0, n1;
+        panel_share(skip, N, &n0, &n1);
+        if (n0 < n1) part_p(x, p, y, M, N, K, ps, skip, n0, n1, P_FP8, scale);
+    }
     return 0;
 }
 

@@ -56,6 +56,7 @@ _SIGNATURES = {
     "gemv_p_f32": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
     "gemm_p_f32": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
     "gemv_p_bf16": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
+    "gemv_p_fp8": [_P, _P, _P, _I, _I, _I, _I, _I, _F, _C],
     "gemm_p_bf16": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
     "gemm_p_bf16x": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
     "gemm_packed_bf16x": [_C, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _C],
@@ -331,6 +332,14 @@ def _panels_op(x: Tensor, p: Tensor, skip: int, n: int) -> Tensor:
 @_panels_op.register_fake
 def _(x: Tensor, p: Tensor, skip: int, n: int) -> Tensor:
     return x.new_empty(*x.shape[:-1], n)
+
+
+def fp8_panels(x: Tensor, p: Tensor, skip: int, n: int, scale: float) -> Tensor:
+    """x @ (W * scale).T for e4m3 codes in column panels (linear.FP8Panels: p [panels, in, 24] bytes, the
+    view's `n` outputs starting `skip` columns into the first panel), in x's dtype: one row decodes the
+    codes in registers (three integer operations per eight weights), more rows widen a panel's block once
+    for the blocked product's tiles."""
+    return _call(_library.gemv_p_fp8, x, n, (p.data_ptr(),), (p.stride(0), skip, scale))
 
 
 _FP8, _NVFP4 = 2, 3  # gemv.c's PANEL_FP8, PANEL_NVFP4

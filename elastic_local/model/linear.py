@@ -226,6 +226,10 @@ class RowConcat:
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([linear(x, p) for p in self.parts], dim=-1)
 
+    def cpu_layout(self) -> RowConcat:
+        """Each part in its format's CPU layout (elastic_local.quant: FP8's panels)."""
+        return RowConcat([p.cpu_layout() if hasattr(p, "cpu_layout") else p for p in self.parts])
+
 
 def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
     """torch.stack, with float8 tensors stacked as their bytes (every torch build stacks those)."""
@@ -258,6 +262,17 @@ class ExpertStack(list):
         """[len(pick), rows, cols] in `dtype`: block (rows, cols) of the experts `pick` (a device tensor),
         the values each expert's own `dequantize` gives."""
         return type(self[0]).dequantize_picked(self.stacked, pick, rows, cols, dtype)
+
+    def cpu_layout(self) -> ExpertStack:
+        """The stack in its format's CPU layout (elastic_local.quant: FP8's panels, one tensor for all the
+        experts, converted from the stacked one: no copy per expert), or itself."""
+        convert = getattr(self[0], "cpu_layout_experts", None)
+        if convert is None:
+            return self
+        stack = ExpertStack.__new__(ExpertStack)
+        stack.stacked, experts = convert(list(self), self.stacked)
+        list.__init__(stack, experts)
+        return stack
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -29,15 +29,16 @@
 void share(int64_t N, int64_t *n0, int64_t *n1);
 void part_f32(const float *, const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
 void panels_vec(const float *x, const void *p, int64_t ps, int64_t skip, int64_t K, float *y, int64_t n0,
-                int64_t n1, int bf16);
+                int64_t n1, int kind, float scale);
 void part_bf16(const float *, const uint16_t *, float *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
 void part_fp8(const float *, const uint8_t *, float *, int64_t, int64_t, int64_t, int64_t, float, int64_t, int64_t);
 void permute_nvfp4(const float *x, float *xp, int64_t M, int64_t K);
 void permute_nvfp4_bf16(const uint16_t *x, uint16_t *xp, int64_t M, int64_t K, float *f);
 void gemm_p_part(const float *x, const void *p, int64_t ps, int64_t skip, float *y, int64_t M, int64_t N,
-                 int64_t K, int64_t n0, int64_t n1, float *c, int bf16);
+                 int64_t K, int64_t n0, int64_t n1, float *c, int kind, float scale);
+enum { P_F32, P_BF16, P_FP8 }; /* gemv.c's panel kinds */
 extern const int64_t gemm_p_scratch; /* floats of gemm_p_part's c */
-#define PW 24 /* outputs per panel of a PANELS_F32 / PANELS_BF16 weight (gemv.c's) */
+#define PW 24 /* outputs per panel of a PANELS_* weight (gemv.c's) */
 /* n floats rounded up to whole 64-byte cache lines: where scratch rows start, so that a line two threads
    write (one head's channels each) does not pass between their cores at every write */
 #define LINE(n) (((n) + 15) / 16 * 16)
@@ -50,7 +51,17 @@ enum { DOT_BF16 = 1, DOT_FP8 = 2, DOT_NVFP4 = 3 }; /* gemv.c's PANEL_BF16, PANEL
 typedef struct { int64_t top_k; float temperature, top_p, min_p; } sampling; /* sample.c's */
 int64_t sample_row(const float *logits, int64_t V, const sampling *s, float u, float *p, uint64_t *keys);
 
-enum { PANELS_F32, ROWS_F32, ROWS_BF16, FP8, NVFP4, PANELS_BF16 }; /* model/step.py checks the format it writes */
+enum { PANELS_F32, ROWS_F32, ROWS_BF16, FP8, NVFP4, PANELS_BF16, PANELS_FP8 }; /* model/step.py checks the format
+                                                                                   it writes */
+
+static inline int panelled(int64_t format) {
+    return format == PANELS_F32 || format == PANELS_BF16 || format == PANELS_FP8;
+}
+
+/* A panel format's kind for gemv.c's panel kernels. */
+static inline int kind_of(int64_t format) {
+    return format == PANELS_BF16 ? P_BF16 : format == PANELS_FP8 ? P_FP8 : P_F32;
+}
 
 typedef struct {     /* y[n] = sum_k W[n, k] x[k], n < out, k < in */
     int64_t format;  /* one of the enum above */
@@ -153,7 +164,7 @@ typedef struct {
    rows; 0 and out stay themselves, so the first and the last thread cover the ends. */
 static inline int64_t unit_edge(const weight *w, int64_t n) {
     if (n <= 0 || n >= w->out) return n <= 0 ? 0 : w->out;
-    if (w->format == PANELS_F32 || w->format == PANELS_BF16) n = (n + w->skip + PW / 2) / PW * PW - w->skip;
+    if (panelled(w->format)) n = (n + w->skip + PW / 2) / PW * PW - w->skip;
     else n = (n + 8) / 16 * 16;
     return n < 0 ? 0 : n > w->out ? w->out : n;
 }
@@ -266,7 +277,8 @@ static void run(const product *p) {
     }
     switch (w->format) {
     case PANELS_F32:
-    case PANELS_BF16: panels_vec(p->x, w->w, w->ld, w->skip, w->in, p->y, n0, n1, w->format == PANELS_BF16); break;
+    case PANELS_BF16:
+    case PANELS_FP8: panels_vec(p->x, w->w, w->ld, w->skip, w->in, p->y, n0, n1, kind_of(w->format), w->scale); break;
     case ROWS_F32: part_f32(p->x, w->w, p->y, 1, w->out, w->in, w->ld, n0, n1); break;
     case ROWS_BF16: part_bf16(p->x, w->w, p->y, 1, w->out, w->in, w->ld, n0, n1); break;
     case FP8: part_fp8(p->x, w->w, p->y, 1, w->out, w->in, w->ld, w->scale, n0, n1); break;
@@ -283,7 +295,7 @@ static void run(const product *p) {
 static int64_t weights_read(const product *p) {
     const weight *w = p->w;
     if (p->n1 <= p->n0) return 0;
-    if (w->format != PANELS_F32 && w->format != PANELS_BF16) return (p->n1 - p->n0) * weights_per_output(w);
+    if (!panelled(w->format)) return (p->n1 - p->n0) * weights_per_output(w);
     return ((w->skip + p->n1 + PW - 1) / PW - (w->skip + p->n0) / PW) * PW * weights_per_output(w);
 }
 
@@ -1318,9 +1330,10 @@ static void run_rows(const product *p) {
     const int64_t M = p->m, N = p->ldy ? p->ldy : w->out, K = w->in, n0 = p->n0, n1 = p->n1;
     switch (w->format) {
     case PANELS_F32:
-    case PANELS_BF16: {
+    case PANELS_BF16:
+    case PANELS_FP8: {
         float c[gemm_p_scratch];
-        gemm_p_part(p->x, w->w, w->ld, w->skip, p->y, M, N, K, n0, n1, c, w->format == PANELS_BF16);
+        gemm_p_part(p->x, w->w, w->ld, w->skip, p->y, M, N, K, n0, n1, c, kind_of(w->format), w->scale);
         break;
     }
     case ROWS_F32: part_f32(p->x, w->w, p->y, M, N, K, w->ld, n0, n1); break;
@@ -1825,7 +1838,8 @@ static void rows_product(const weight *w, const float *x, int64_t m, float *y, f
     const int64_t N = w->out, K = w->in;
     switch (w->format) {
     case PANELS_F32:
-    case PANELS_BF16: gemm_p_part(x, w->w, w->ld, w->skip, y, m, N, K, 0, N, scratch, w->format == PANELS_BF16); break;
+    case PANELS_BF16:
+    case PANELS_FP8: gemm_p_part(x, w->w, w->ld, w->skip, y, m, N, K, 0, N, scratch, kind_of(w->format), w->scale); break;
     case ROWS_F32: part_f32(x, w->w, y, m, N, K, w->ld, 0, N); break;
     case ROWS_BF16: part_bf16(x, w->w, y, m, N, K, w->ld, 0, N); break;
     case FP8: part_fp8(x, w->w, y, m, N, K, w->ld, w->scale, 0, N); break;

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _I, _P, _F = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-PANELS_F32, ROWS_F32, ROWS_BF16, FP8, NVFP4, PANELS_BF16 = range(6)  # step.c's weight formats
+PANELS_F32, ROWS_F32, ROWS_BF16, FP8, NVFP4, PANELS_BF16, PANELS_FP8 = range(7)  # step.c's weight formats
 
 
 class Unsupported(Exception):
