@@ -24,7 +24,9 @@ Cached under benchmarks/_work/quant/. Then:
              `--decode-model gen`: on bench_generate.py's 136M nested model instead, FP8 / NVFP4 made
              while loading (`load(dir, precision=...)`, the same numbers as a stored file); `gen16`: the
              same model stored in BF16, as published files are (a float32 load keeps its Linear weights in
-             bf16 panels: 2 bytes a weight where `gen`'s float32 file reads 4).
+             bf16 panels: 2 bytes a weight where `gen`'s float32 file reads 4). `--fp8-rows` adds the FP8
+             weights loaded as [out, in] rows (ELASTIC_LOCAL_CPU_LAYOUT=rows) beside the column panels a
+             float32 load keeps their codes in (quant/fp8.py FP8Panels), and their ratio per budget.
   d. rss     on bench_nesting.py's ~107M-parameter nested checkpoint (built if missing) and its FP8 / NVFP4
              quantizations: memory of loading one budget (--rss-budget, default full) with dtype=bfloat16 from
              the BF16 file as BF16, with load-time FP8 / NVFP4 quantization (`load(bf16_dir, precision=...)`),
@@ -315,8 +317,15 @@ def print_decode(res: dict, args: argparse.Namespace, dtype: str) -> dict:
             print(f"{b:<8}{p:<10}{pre:>15.1f}{dec:>14.1f}{spread:>8.0%}{1000 / dec:>8.2f}{dec / ref:>8.2f}"
                   f"{same:>13.0%}")
             out.setdefault(b, {})[p] = {"decode_tok_s": dec, "prefill_tok_s": pre, "ratio_to_bf16": dec / ref,
-                                        "same_tokens": same, **{k: v for k, v in r.items() if k != "tokens"}}
+                                        "same_tokens": same, "decode_tok_s_all": r["decode_tok_s"],
+                                        "prefill_tok_s_all": r["prefill_tok_s"]}
     print("same tokens: fraction of the greedy tokens equal to BF16's at the same position")
+    for b, per in out.items():
+        if "fp8-rows" in per:
+            ratios = [p / r for p, r in zip(per["fp8"]["decode_tok_s_all"], per["fp8-rows"]["decode_tok_s_all"])]
+            ratio = per["fp8"]["decode_tok_s"] / per["fp8-rows"]["decode_tok_s"]
+            print(f"{b:<8}fp8 in column panels (a float32 load's layout) / fp8 in rows: {ratio:.2f}x "
+                  f"(rep by rep {median(ratios):.2f}x)")
     return out
 
 
@@ -389,6 +398,9 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--reps", type=int, default=5, help="timed decode runs per (budget, precision)")
     p.add_argument("--decode-dtypes", default="float32,bfloat16", help="compute dtypes of the decode part")
+    p.add_argument("--fp8-rows", action="store_true",
+                   help="decode the FP8 weights in [out, in] rows too (ELASTIC_LOCAL_CPU_LAYOUT=rows), beside the "
+                        "column panels a float32 load keeps them in")
     p.add_argument("--decode-model", default="tiny", choices=("tiny", "gen", "gen16"),
                    help="decode part on the 17M model's stored files, or on bench_generate.py's 136M nested "
                         "model (53M active) quantized while loading")
@@ -463,9 +475,18 @@ def main() -> None:
             sources = {p: (gen, None if p == "bf16" else p) for p in dirs}
             decode_budgets = ["full", *bench_generate.BUDGETS]
         for dtype in args.decode_dtypes.split(","):
-            loaded = models if dtype == "float32" and args.decode_model == "tiny" else {
+            loaded = dict(models) if dtype == "float32" and args.decode_model == "tiny" else {
                 prec: elastic_local.load(d, dtype=getattr(torch, dtype), precision=q)
                 for prec, (d, q) in sources.items()}
+            if args.fp8_rows and dtype == "float32":  # the same FP8 weights as [out, in] rows, beside the panels
+                from elastic_local.engine.load import LAYOUT_ENV
+
+                os.environ[LAYOUT_ENV] = "rows"
+                try:
+                    loaded["fp8-rows"] = elastic_local.load(sources["fp8"][0], dtype=torch.float32,
+                                                            precision=sources["fp8"][1])
+                finally:
+                    os.environ.pop(LAYOUT_ENV, None)
             summary["decode"][dtype] = print_decode(decode_speed(loaded, decode_budgets, args), args, dtype)
             del loaded
         lap("decode")
