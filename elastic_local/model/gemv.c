@@ -378,25 +378,31 @@ static inline __m256 e4m3x8_low(const uint8_t *p) {
     return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32((int)0x87F00000)));
 }
 
-/* kc rows of an e4m3 panel [kc, 24] -> float32 value * scale, rounded once (through fp16: value / 2^8
-   exactly, times 256 scale), as `panels` decodes an FP8 row for the tiles. */
+/* One row of an e4m3 panel (24 bytes) -> value / 2^8 as float32, in three vectors, exactly (through fp16). */
+static inline void fp8_panel_row(const uint8_t *r, __m256 v[3]) {
+    const __m256i h = e4m3_as_f16(_mm_loadu_si128((const __m128i *)r));
+    v[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    v[1] = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+    v[2] = _mm256_cvtph_ps(e4m3x8_as_f16(_mm_loadl_epi64((const __m128i *)(r + 16))));
+}
+
+/* kc rows of an e4m3 panel [kc, 24] -> float32 value * scale, rounded once (value / 2^8 times 256 scale), as
+   `panels` decodes an FP8 row for the tiles. */
 static void widen_fp8_panel(const uint8_t *p, int64_t kc, float scale, float *out) {
     const __m256 s = _mm256_set1_ps(256.f * scale);
     for (int64_t k = 0; k < kc; k++) {
-        const uint8_t *r = p + PW * k;
-        const __m256i h = e4m3_as_f16(_mm_loadu_si128((const __m128i *)r));
-        _mm256_storeu_ps(out + PW * k, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), s));
-        _mm256_storeu_ps(out + PW * k + 8, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), s));
-        _mm256_storeu_ps(out + PW * k + 16,
-                         _mm256_mul_ps(_mm256_cvtph_ps(e4m3x8_as_f16(_mm_loadl_epi64((const __m128i *)(r + 16)))), s));
+        __m256 v[3];
+        fp8_panel_row(p + PW * k, v);
+        for (int i = 0; i < 3; i++) _mm256_storeu_ps(out + PW * k + 8 * i, _mm256_mul_ps(v[i], s));
     }
 }
 
 /* c[r, 0:24] (+)= sum_k a[r, k] p[k, 0:24], r < R (a's rows lda apart), p [kc, 24] contiguous: twelve
    accumulators, 12 FMAs per k against 3 loads of p and 4 broadcasts of a (6 x 16 tiles: slower on five of
-   six prompt shapes, docs/decode-speed.md). A bf16 panel (`bf16`) is widened as it is read (bf16_panel_row):
-   the same floats, the same sums. */
-static inline __attribute__((always_inline)) void tile_packed(int R, int bf16, const float *a, int64_t lda,
+   six prompt shapes, docs/decode-speed.md). A bf16 panel (`kind` P_BF16) is widened as it is read
+   (bf16_panel_row): the same floats, the same sums; an e4m3 one (P_FP8) to value / 2^8 through fp16
+   (fp8_panel_row), which the caller scales. */
+static inline __attribute__((always_inline)) void tile_packed(int R, int kind, const float *a, int64_t lda,
                                                               const void *p, int64_t kc, float *c, int64_t ldc,
                                                               int add) {
     __m256 acc[4][3];
@@ -404,9 +410,12 @@ static inline __attribute__((always_inline)) void tile_packed(int R, int bf16, c
         for (int v = 0; v < 3; v++) acc[r][v] = add ? _mm256_loadu_ps(c + r * ldc + 8 * v) : _mm256_setzero_ps();
     for (int64_t k = 0; k < kc; k++) {
         __m256 b0, b1, b2;
-        if (bf16) {
+        if (kind != P_F32) {
             __m256 v[3];
-            bf16_panel_row((const uint16_t *)p + PW * k, v);
+            if (kind == P_BF16)
+                bf16_panel_row((const uint16_t *)p + PW * k, v);
+            else
+                fp8_panel_row((const uint8_t *)p + PW * k, v);
             b0 = v[0], b1 = v[1], b2 = v[2];
         } else {
             const float *q = (const float *)p + PW * k;
@@ -424,38 +433,49 @@ static inline __attribute__((always_inline)) void tile_packed(int R, int bf16, c
 }
 
 /* Every row of a over one panel, four at a time, the last ones on a tile of their own count. */
-static inline __attribute__((always_inline)) void rows_over(int bf16, int64_t m, const float *a, int64_t lda,
+static inline __attribute__((always_inline)) void rows_over(int kind, int64_t m, const float *a, int64_t lda,
                                                             const void *p, int64_t kc, float *c, int64_t ldc, int add) {
     int64_t i = 0;
-    for (; i + 4 <= m; i += 4) tile_packed(4, bf16, a + i * lda, lda, p, kc, c + i * ldc, ldc, add);
+    for (; i + 4 <= m; i += 4) tile_packed(4, kind, a + i * lda, lda, p, kc, c + i * ldc, ldc, add);
     a += i * lda, c += i * ldc;
     switch (m - i) {
-    case 1: tile_packed(1, bf16, a, lda, p, kc, c, ldc, add); break;
-    case 2: tile_packed(2, bf16, a, lda, p, kc, c, ldc, add); break;
-    case 3: tile_packed(3, bf16, a, lda, p, kc, c, ldc, add); break;
+    case 1: tile_packed(1, kind, a, lda, p, kc, c, ldc, add); break;
+    case 2: tile_packed(2, kind, a, lda, p, kc, c, ldc, add); break;
+    case 3: tile_packed(3, kind, a, lda, p, kc, c, ldc, add); break;
     }
 }
 
-/* rows_over for float32 panels and for bf16 ones, a function each (one holding both kinds of tile ran
-   float32 products of 4 rows 2-4% slower, scratch). */
+/* rows_over for each kind of panel, a function each (one holding both float32 and bf16 tiles ran float32
+   products of 4 rows 2-4% slower, scratch). */
 static void over_rows(int64_t m, const float *a, int64_t lda, const float *p, int64_t kc, float *c, int64_t ldc,
                       int add) {
-    rows_over(0, m, a, lda, p, kc, c, ldc, add);
+    rows_over(P_F32, m, a, lda, p, kc, c, ldc, add);
 }
 
 static void over_rows_bf16(int64_t m, const float *a, int64_t lda, const uint16_t *p, int64_t kc, float *c,
                            int64_t ldc, int add) {
-    rows_over(1, m, a, lda, p, kc, c, ldc, add);
+    rows_over(P_BF16, m, a, lda, p, kc, c, ldc, add);
+}
+
+static void over_rows_fp8(int64_t m, const float *a, int64_t lda, const uint8_t *p, int64_t kc, float *c,
+                          int64_t ldc, int add) {
+    rows_over(P_FP8, m, a, lda, p, kc, c, ldc, add);
+}
+
+static void over_rows_of(int kind, int64_t m, const float *a, int64_t lda, const void *p, int64_t kc, float *c,
+                         int64_t ldc, int add) {
+    if (kind == P_BF16) over_rows_bf16(m, a, lda, p, kc, c, ldc, add);
+    else if (kind == P_FP8) over_rows_fp8(m, a, lda, p, kc, c, ldc, add);
+    else over_rows(m, a, lda, p, kc, c, ldc, add);
 }
 
 /* y[:m, :cols] (+)= x[:m, :kc] p[:, first:first + cols] (x's rows ldx apart, y's ldy) for one panel
-   p [kc, 24] (float32, or bf16 `bf16`): a panel the view uses only in part runs through c (4 x 24 floats),
-   four rows at a time. */
+   p [kc, 24] of `kind`: a panel the view uses only in part runs through c (4 x 24 floats), four rows at a
+   time. */
 static void panel_product(const float *x, int64_t ldx, int64_t m, const void *p, int64_t kc, float *y,
-                          int64_t ldy, int64_t first, int64_t cols, int add, float *c, int bf16) {
+                          int64_t ldy, int64_t first, int64_t cols, int add, float *c, int kind) {
     if (first == 0 && cols == PW) {
-        if (bf16) over_rows_bf16(m, x, ldx, p, kc, y, ldy, add);
-        else over_rows(m, x, ldx, p, kc, y, ldy, add);
+        over_rows_of(kind, m, x, ldx, p, kc, y, ldy, add);
         return;
     }
     for (int64_t i = 0; i < m; i += 4) {
@@ -463,8 +483,7 @@ static void panel_product(const float *x, int64_t ldx, int64_t m, const void *p,
         for (int64_t q = 0; q < r; q++)
             for (int64_t j = 0; j < PW; j++)
                 c[q * PW + j] = add && j >= first && j < first + cols ? y[(i + q) * ldy + j - first] : 0.f;
-        if (bf16) over_rows_bf16(r, x + i * ldx, ldx, p, kc, c, PW, add);
-        else over_rows(r, x + i * ldx, ldx, p, kc, c, PW, add);
+        over_rows_of(kind, r, x + i * ldx, ldx, p, kc, c, PW, add);
         for (int64_t q = 0; q < r; q++) memcpy(y + (i + q) * ldy, c + q * PW + first, sizeof(float) * cols);
     }
 }
@@ -482,12 +501,13 @@ static inline void panel_range(int64_t skip, int64_t n0, int64_t n1, int64_t *q0
 #define NB 8
 #define MC 128
 #define PANEL_SCRATCH (4 * PW + KC * PW)
-/* Up to WIDEN_ROWS rows of x, a bf16 panel's tiles widen it as they read it (tile_packed); more, its block
-   is widened into scratch once for all the rows. Widening in the tiles against into scratch (same bits;
+/* Up to WIDEN_ROWS rows of x, a bf16 or e4m3 panel's tiles widen it as they read it (tile_packed); more, its
+   block is widened into scratch once for all the rows (an e4m3 block times its scale). Widening in the tiles against into scratch (same bits;
    scratch A/B, gemm_p_bf16, 768x256 to 3072x1024, one thread and two): 2 rows 1.76-2.11x, 4 1.51-1.66x,
    8 1.25-1.30x, 16 1.10-1.15x, 32 1.00-1.06x, 128 0.97-1.04x. A batch's decode rows (step.c's decode_rows)
    and a prompt's experts take few rows a weight. */
 #define WIDEN_ROWS 64
+#define FP8_WIDEN_ROWS 8 /* an e4m3 row costs the tiles about twice a bf16 one's widening */
 const int64_t gemm_p_scratch = PANEL_SCRATCH; /* for step.c's experts */
 void gemm_p_part(const float *x, const void *p, int64_t ps, int64_t skip, float *y, int64_t M, int64_t N,
                  int64_t K, int64_t n0, int64_t n1, float *c, int kind, float scale) {
@@ -507,10 +527,11 @@ void gemm_p_part(const float *x, const void *p, int64_t ps, int64_t skip, float 
                     const void *slab = bf16 ? (const void *)((const uint16_t *)p + q * ps + k0 * PW)
                                        : kind == P_FP8 ? (const void *)((const uint8_t *)p + q * ps + k0 * PW)
                                                        : (const void *)((const float *)p + q * ps + k0 * PW);
-                    if (kind == P_FP8) { /* e4m3: widened to value * scale for every count of rows */
+                    const int narrow = m <= (kind == P_FP8 ? FP8_WIDEN_ROWS : WIDEN_ROWS) ? kind : P_F32;
+                    if (kind == P_FP8 && narrow == P_F32) { /* e4m3: widened once to value * scale */
                         widen_fp8_panel(slab, kc, scale, wide);
                         slab = wide;
-                    } else if (bf16 && m > WIDEN_ROWS) { /* widened once for all the rows */
+                    } else if (bf16 && narrow == P_F32) { /* widened once for all the rows */
                         for (int64_t k = 0; k < kc; k++) {
                             __m256 v[3];
                             bf16_panel_row((const uint16_t *)slab + PW * k, v);
@@ -519,7 +540,10 @@ void gemm_p_part(const float *x, const void *p, int64_t ps, int64_t skip, float 
                         slab = wide;
                     }
                     panel_product(x + m0 * K + k0, K, m, slab, kc, y + m0 * N + lo, N, lo - (q * PW - skip),
-                                  hi - lo, k0 > 0, c, bf16 && m <= WIDEN_ROWS);
+                                  hi - lo, k0 > 0, c, narrow);
+                    if (narrow == P_FP8 && k0 + kc >= K) /* sums of x value / 2^8: times 256 scale, once */
+                        for (int64_t i = 0; i < m; i++)
+                            for (int64_t j = lo; j < hi; j++) y[(m0 + i) * N + j] *= 256.f * scale;
                 }
         }
     }
