@@ -25,8 +25,8 @@ Cached under benchmarks/_work/quant/. Then:
              while loading (`load(dir, precision=...)`, the same numbers as a stored file); `gen16`: the
              same model stored in BF16, as published files are (a float32 load keeps its Linear weights in
              bf16 panels: 2 bytes a weight where `gen`'s float32 file reads 4). `--fp8-rows` adds the FP8
-             weights loaded as [out, in] rows (ELASTIC_LOCAL_CPU_LAYOUT=rows) beside the column panels a
-             float32 load keeps their codes in (quant/fp8.py FP8Panels), and their ratio per budget.
+             model with its codes put back into [out, in] rows (`fp8_as_rows`; everything else as loaded)
+             beside the column panels a CPU load keeps them in (quant/fp8.py FP8Panels), and their ratio.
   d. rss     on bench_nesting.py's ~107M-parameter nested checkpoint (built if missing) and its FP8 / NVFP4
              quantizations: memory of loading one budget (--rss-budget, default full) with dtype=bfloat16 from
              the BF16 file as BF16, with load-time FP8 / NVFP4 quantization (`load(bf16_dir, precision=...)`),
@@ -274,6 +274,27 @@ def print_agreement(res: dict, texts: dict[str, torch.Tensor], errors: dict[str,
 
 
 @torch.inference_mode()
+def fp8_as_rows(m):
+    """m with every FP8 weight's codes put back into [out, in] rows (quant.fp8.FP8Weight), in place: the layout
+    a CPU load kept them in before their column panels (FP8Panels), and nothing else changed."""
+    from elastic_local.model.linear import RowConcat
+    from elastic_local.quant.fp8 import FP8Panels, FP8Weight
+
+    def rows(w):
+        if isinstance(w, FP8Panels):
+            codes = w.weight.transpose(-1, -2).flatten(-3, -2)[w.skip:w.skip + w.n].contiguous()
+            return FP8Weight(codes.view(torch.float8_e4m3fn), w.weight_scale, w.input_scale)
+        if isinstance(w, RowConcat):
+            return RowConcat([rows(p) for p in w.parts])
+        return [rows(e) for e in w] if isinstance(w, list) else w
+
+    for layer in m.net.layers:
+        for name, w in vars(layer.mixer).items():
+            setattr(layer.mixer, name, rows(w))
+    m.net.c_steps.clear()  # they point at the panels
+    return m
+
+
 def decode_run(model, budget: str, prompt: torch.Tensor, n_new: int) -> tuple[float, float, list[int]]:
     """(prefill seconds incl. first token, decode seconds for the other n_new - 1, tokens), greedy, batch 1."""
     t0 = time.perf_counter()
@@ -478,15 +499,9 @@ def main() -> None:
             loaded = dict(models) if dtype == "float32" and args.decode_model == "tiny" else {
                 prec: elastic_local.load(d, dtype=getattr(torch, dtype), precision=q)
                 for prec, (d, q) in sources.items()}
-            if args.fp8_rows and dtype == "float32":  # the same FP8 weights as [out, in] rows, beside the panels
-                from elastic_local.engine.load import LAYOUT_ENV
-
-                os.environ[LAYOUT_ENV] = "rows"
-                try:
-                    loaded["fp8-rows"] = elastic_local.load(sources["fp8"][0], dtype=torch.float32,
-                                                            precision=sources["fp8"][1])
-                finally:
-                    os.environ.pop(LAYOUT_ENV, None)
+            if args.fp8_rows:  # the same FP8 weights as [out, in] rows, everything else as the load keeps it
+                loaded["fp8-rows"] = fp8_as_rows(elastic_local.load(sources["fp8"][0], dtype=getattr(torch, dtype),
+                                                                    precision=sources["fp8"][1]))
             summary["decode"][dtype] = print_decode(decode_speed(loaded, decode_budgets, args), args, dtype)
             del loaded
         lap("decode")

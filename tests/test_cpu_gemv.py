@@ -117,9 +117,10 @@ def test_a_float32_prompt_decodes_packed_weights_a_block_of_inputs_at_a_time(sha
 @pytest.mark.parametrize("rows", [1, 3, 5, gemv.MAX_PACKED_ROWS])
 @pytest.mark.parametrize("shape", SHAPES + [(5000, 700)])
 def test_fp8_panels_and_their_budget_views_equal_the_dequantized_matmul(shape, rows):
-    """A float32 load's FP8 layout (FP8Panels: the codes in column panels): the whole weight and the blocks
-    budgets cut (views), one row (codes decoded in registers) and several (a panel's block widened for the
-    tiles), against the rows layout's own block; its dequantized values are the rows layout's exactly."""
+    """The CPU's FP8 layout (FP8Panels: the codes in column panels): the whole weight and the blocks budgets
+    cut (views), one row (codes decoded in registers), a few (the tiles widen them) and many (a panel's
+    block widened once; a bf16 prompt on bf16 dots), against the rows layout's own block; its dequantized
+    values are the rows layout's exactly."""
     out, k = shape
     q = quantize_fp8(weight(shape, seed=5))
     panels = q.cpu_layout()
@@ -132,6 +133,8 @@ def test_fp8_panels_and_their_budget_views_equal_the_dequantized_matmul(shape, r
         assert view.kernel_name("cpu", rows=rows) == "cpu_gemv"
         torch.testing.assert_close(view.linear(x), F.linear(x, dense), rtol=1e-5, atol=1e-4)
         assert view.step_weight().format == step.PANELS_FP8
+        xb = x.bfloat16()
+        torch.testing.assert_close(view.linear(xb), F.linear(xb.float(), dense).bfloat16(), rtol=1e-2, atol=1e-2)
 
 
 def fp8_layouts():

@@ -629,6 +629,17 @@ static inline void pair_rows(const uint16_t *r0, const uint16_t *r1, uint32_t *o
     _mm256_storeu_si256((__m256i *)(out + 16), _mm256_or_si256(b0, _mm256_slli_epi32(b1, 16)));
 }
 
+/* pair_rows for two rows of an e4m3 panel: each value / 2^8 (exact in bf16: 4 significant bits). */
+static inline void pair_rows_fp8(const uint8_t *r0, const uint8_t *r1, uint32_t *out) {
+    __m256 a0[3], a1[3];
+    fp8_panel_row(r0, a0), fp8_panel_row(r1, a1);
+    const __m256i high = _mm256_set1_epi32((int)0xFFFF0000);
+    for (int v = 0; v < 3; v++)
+        _mm256_storeu_si256((__m256i *)(out + 8 * v),
+                            _mm256_or_si256(_mm256_srli_epi32(_mm256_castps_si256(a0[v]), 16),
+                                            _mm256_and_si256(_mm256_castps_si256(a1[v]), high)));
+}
+
 /* c[r, 0:24] (+)= sum_k x[r, k] w[k, 0:24], r < R (x's rows ldx apart, bf16), over `pairs` re-paired panel
    rows pp [pairs, 24] */
 BF16_DOT static inline __attribute__((always_inline)) void tile_bf16(int R, const uint16_t *x, int64_t ldx,
@@ -674,21 +685,29 @@ BF16_DOT static void rows_bf16(int64_t m, const uint16_t *x, int64_t ldx, const 
     }
 }
 
-/* gemm_p_part's loops for bf16 x on bf16 panels: NB panels' KC rows re-paired into pp (NB * KC / 2 * 24
-   lanes), then MC rows of x at a time over each; a panel the view uses only in part runs through c
-   (MR x 24 floats). */
-BF16_DOT static void gemm_bf16_part(const uint16_t *x, const uint16_t *p, int64_t ps, int64_t skip, float *y,
-                                    int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1, uint32_t *pp, float *c) {
+/* gemm_p_part's loops for bf16 x on bf16 panels (or e4m3 ones, `fp8`, the sums times 256 `scale` after the
+   last block): NB panels' KC rows re-paired into pp (NB * KC / 2 * 24 lanes), then MC rows of x at a time
+   over each; a panel the view uses only in part runs through c (MR x 24 floats). */
+BF16_DOT static void gemm_bf16_part(const uint16_t *x, const void *p, int64_t ps, int64_t skip, float *y,
+                                    int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1, uint32_t *pp, float *c,
+                                    int fp8, float scale) {
     int64_t q0, q1;
     panel_range(skip, n0, n1, &q0, &q1);
     for (int64_t b = q0; b < q1; b += NB) {
         const int64_t e = b + NB < q1 ? b + NB : q1;
         for (int64_t k0 = 0; k0 < K; k0 += KC) {
             const int64_t pairs = (K - k0 < KC ? K - k0 : KC) / 2;
+            const float s = fp8 && k0 + 2 * pairs >= K ? 256.f * scale : 1.f;
             for (int64_t q = b; q < e; q++)
                 for (int64_t j = 0; j < pairs; j++) {
-                    const uint16_t *r = p + q * ps + (k0 + 2 * j) * PW;
-                    pair_rows(r, r + PW, pp + ((q - b) * (KC / 2) + j) * PW);
+                    uint32_t *out = pp + ((q - b) * (KC / 2) + j) * PW;
+                    if (fp8) {
+                        const uint8_t *r = (const uint8_t *)p + q * ps + (k0 + 2 * j) * PW;
+                        pair_rows_fp8(r, r + PW, out);
+                    } else {
+                        const uint16_t *r = (const uint16_t *)p + q * ps + (k0 + 2 * j) * PW;
+                        pair_rows(r, r + PW, out);
+                    }
                 }
             for (int64_t m0 = 0; m0 < M; m0 += MC) {
                 const int64_t m = M - m0 < MC ? M - m0 : MC;
@@ -700,7 +719,7 @@ BF16_DOT static void gemm_bf16_part(const uint16_t *x, const uint16_t *p, int64_
                     const uint16_t *xs = x + m0 * K + k0;
                     float *ys = y + m0 * N + lo;
                     if (first == 0 && cols == PW) {
-                        rows_bf16(m, xs, K, pq, pairs, ys, N, k0 > 0, 1.f);
+                        rows_bf16(m, xs, K, pq, pairs, ys, N, k0 > 0, s);
                         continue;
                     }
                     for (int64_t i = 0; i < m; i += MR) {
@@ -709,7 +728,7 @@ BF16_DOT static void gemm_bf16_part(const uint16_t *x, const uint16_t *p, int64_
                             for (int64_t u = 0; u < PW; u++)
                                 c[t * PW + u] =
                                     k0 > 0 && u >= first && u < first + cols ? ys[(i + t) * N + u - first] : 0.f;
-                        rows_bf16(r, xs + i * K, K, pq, pairs, c, PW, k0 > 0, 1.f);
+                        rows_bf16(r, xs + i * K, K, pq, pairs, c, PW, k0 > 0, s);
                         for (int64_t t = 0; t < r; t++)
                             memcpy(ys + (i + t) * N, c + t * PW + first, sizeof(float) * cols);
                     }
@@ -719,10 +738,8 @@ BF16_DOT static void gemm_bf16_part(const uint16_t *x, const uint16_t *p, int64_
     }
 }
 
-/* y [M, N] (float32) = x [M, K] (bf16) times a bf16 panel view, K even. 0; -1: no memory for the re-paired
-   panels; -2: this CPU (or this build's compiler) has no bf16 dot products, or K is odd: take gemm_p_bf16. */
-int gemm_p_bf16x(const uint16_t *x, const uint16_t *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps,
-                 int64_t skip, int threads) {
+static int panels_bf16x(const uint16_t *x, const void *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps,
+                        int64_t skip, int fp8, float scale, int threads) {
     if (!bf16_dot() || K % 2) return -2;
     int failed = 0;
     #pragma omp parallel num_threads(threads) if (M * N * K >= 1 << 20)
@@ -731,7 +748,7 @@ int gemm_p_bf16x(const uint16_t *x, const uint16_t *p, float *y, int64_t M, int6
         panel_share(skip, N, &n0, &n1);
         uint32_t *pp = n0 < n1 ? malloc(sizeof(uint32_t) * NB * (KC / 2) * PW) : NULL;
         float c[MR * PW];
-        if (pp) gemm_bf16_part(x, p, ps, skip, y, M, N, K, n0, n1, pp, c);
+        if (pp) gemm_bf16_part(x, p, ps, skip, y, M, N, K, n0, n1, pp, c, fp8, scale);
         else if (n0 < n1) {
             #pragma omp atomic write
             failed = 1;
@@ -740,8 +757,26 @@ int gemm_p_bf16x(const uint16_t *x, const uint16_t *p, float *y, int64_t M, int6
     }
     return failed ? -1 : 0;
 }
+
+/* y [M, N] (float32) = x [M, K] (bf16) times a bf16 panel view, K even. 0; -1: no memory for the re-paired
+   panels; -2: this CPU (or this build's compiler) has no bf16 dot products, or K is odd: take gemm_p_bf16. */
+int gemm_p_bf16x(const uint16_t *x, const uint16_t *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps,
+                 int64_t skip, int threads) {
+    return panels_bf16x(x, p, y, M, N, K, ps, skip, 0, 1.f, threads);
+}
+
+/* gemm_p_bf16x on e4m3 panels (bytes), times the tensor's `scale`; -2: take gemv_p_fp8. */
+int gemm_p8_bf16x(const uint16_t *x, const uint8_t *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps,
+                  int64_t skip, float scale, int threads) {
+    return panels_bf16x(x, p, y, M, N, K, ps, skip, 1, scale, threads);
+}
 #else
 int bf16_dot(void) { return 0; }
+int gemm_p8_bf16x(const uint16_t *x, const uint8_t *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps,
+                  int64_t skip, float scale, int threads) {
+    (void)x, (void)p, (void)y, (void)M, (void)N, (void)K, (void)ps, (void)skip, (void)scale, (void)threads;
+    return -2;
+}
 int gemm_p_bf16x(const uint16_t *x, const uint16_t *p, float *y, int64_t M, int64_t N, int64_t K, int64_t ps,
                  int64_t skip, int threads) {
     (void)x, (void)p, (void)y, (void)M, (void)N, (void)K, (void)ps, (void)skip, (void)threads;
@@ -1191,9 +1226,9 @@ int gemm_packed_bf16x(int format, const uint16_t *x, const uint8_t *w, const uin
 #endif
 }
 
-/* The calling thread's y [M, N] = x [M, K] (bf16; NVFP4's permuted) W^T on the bf16 dots: W a bf16 panel
-   view (`panel`: w the panels, ld their stride, `skip`) or rows of `format` (PANEL_BF16 / FP8 / NVFP4, ld
-   and lds in bytes, `scale` the per-tensor one). For step.c's experts of a bfloat16 prompt, an expert to a
+/* The calling thread's y [M, N] = x [M, K] (bf16; NVFP4's permuted) W^T on the bf16 dots: W a panel view
+   (`panel`: w the panels, ld their stride, `skip`; bf16, or e4m3 for `format` PANEL_FP8) or rows of
+   `format` (PANEL_BF16 / FP8 / NVFP4, ld and lds in bytes), `scale` the per-tensor one. For step.c's experts of a bfloat16 prompt, an expert to a
    thread. 0; -1 where memory ran out; -2 where there are no bf16 dots, or K is odd. */
 int product_bf16x(int format, int panel, const uint16_t *x, const void *w, const uint8_t *scales, float *y,
                   int64_t M, int64_t N, int64_t K, int64_t ld, int64_t lds, int64_t skip, float scale) {
@@ -1203,7 +1238,7 @@ int product_bf16x(int format, int panel, const uint16_t *x, const void *w, const
     uint32_t *pp = malloc(sizeof(uint32_t) * NB * (KC / 2) * PW);
     if (!pp) return -1;
     float c[MR * PW];
-    gemm_bf16_part(x, w, ld, skip, y, M, N, K, 0, N, pp, c);
+    gemm_bf16_part(x, w, ld, skip, y, M, N, K, 0, N, pp, c, format == PANEL_FP8, scale);
     free(pp);
     return 0;
 #else

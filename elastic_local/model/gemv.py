@@ -59,6 +59,7 @@ _SIGNATURES = {
     "gemv_p_fp8": [_P, _P, _P, _I, _I, _I, _I, _I, _F, _C],
     "gemm_p_bf16": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
     "gemm_p_bf16x": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
+    "gemm_p8_bf16x": [_P, _P, _P, _I, _I, _I, _I, _I, _F, _C],
     "gemm_packed_bf16x": [_C, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _C],
     "bf16_dot": [],
     "gemv_bf16": [_P, _P, _P, _I, _I, _I, _I, _C],
@@ -335,10 +336,18 @@ def _(x: Tensor, p: Tensor, skip: int, n: int) -> Tensor:
 
 
 def fp8_panels(x: Tensor, p: Tensor, skip: int, n: int, scale: float) -> Tensor:
-    """x @ (W * scale).T for e4m3 codes in column panels (linear.FP8Panels: p [panels, in, 24] bytes, the
+    """x @ (W * scale).T for e4m3 codes in column panels (quant.fp8.FP8Panels: p [panels, in, 24] bytes, the
     view's `n` outputs starting `skip` columns into the first panel), in x's dtype: one row decodes the
-    codes in registers (three integer operations per eight weights), more rows widen a panel's block once
-    for the blocked product's tiles."""
+    codes in registers (three integer operations per eight weights), a few rows' tiles widen them as they
+    read, more widen a panel's block once; a bf16 prompt runs on bf16 dot products where the CPU has them
+    (`bf16_dot`)."""
+    k = x.shape[-1]
+    if x.dtype == torch.bfloat16 and x.numel() >= MAX_ROWS * k and k % 2 == 0 and bf16_dot():
+        xs, y = x.contiguous(), torch.empty(x.shape[:-1] + (n,))
+        if _library.gemm_p8_bf16x(xs.data_ptr(), p.data_ptr(), y.data_ptr(), xs.numel() // k, n, k, p.stride(0),
+                                  skip, scale, torch.get_num_threads()):
+            raise MemoryError(f"out of memory for a {k}-input weight's re-paired panels")
+        return y.to(torch.bfloat16)
     return _call(_library.gemv_p_fp8, x, n, (p.data_ptr(),), (p.stride(0), skip, scale))
 
 

@@ -240,14 +240,13 @@ class NemotronH:
         """Keep every float Linear weight in the CPU inference layout, in place (peak: one extra tensor):
         column panels for the decode kernels (`linear.Panels`; bf16 weights stay bf16, the kernels widen
         them as they read) with `panels`, else the plain transpose in the network's dtype
-        (`linear.Transposed`, torch's matmul). With `panels` a float32 network's quantized weights take
-        their format's CPU layout where it has one (`cpu_layout`: FP8's panels; a bfloat16 network's
-        prompts multiply packed rows on bf16 dots). The router gate and a tied LM head stay as they are;
-        not for training (autograd and the optimizer hold the [out, in] tensors)."""
+        (`linear.Transposed`, torch's matmul). With `panels` quantized weights take their format's CPU
+        layout where it has one (`cpu_layout`: FP8's panels). The router gate and a tied LM head stay as
+        they are; not for training (autograd and the optimizer hold the [out, in] tensors)."""
         def layout(w):
             if isinstance(w, torch.Tensor):
                 return w if w.requires_grad else Panels.of(w) if panels else Transposed.of(w.to(self.dtype))
-            if panels and self.dtype == torch.float32 and hasattr(w, "cpu_layout"):
+            if panels and hasattr(w, "cpu_layout"):
                 return w.cpu_layout()
             if isinstance(w, list):  # a MoE layer's packed experts, one at a time
                 return [layout(e) for e in w]

@@ -1937,6 +1937,7 @@ static int rows_product_bf16(const weight *w, const uint16_t *x, int64_t m, floa
     case PANELS_BF16: return product_bf16x(DOT_BF16, 1, x, w->w, NULL, y, m, N, K, w->ld, 0, w->skip, 1.f);
     case ROWS_BF16: return product_bf16x(DOT_BF16, 0, x, w->w, NULL, y, m, N, K, 2 * w->ld, 0, 0, 1.f);
     case FP8: return product_bf16x(DOT_FP8, 0, x, w->w, NULL, y, m, N, K, w->ld, 0, 0, w->scale);
+    case PANELS_FP8: return product_bf16x(DOT_FP8, 1, x, w->w, NULL, y, m, N, K, w->ld, 0, w->skip, w->scale);
     case NVFP4: return product_bf16x(DOT_NVFP4, 0, x, w->w, w->scales, y, m, N, K, w->ld, w->ld_scales, 0, w->scale);
     default: return -2;
     }
@@ -1974,9 +1975,9 @@ static int expert_rows_bf16(const weight *w, const uint16_t *in, int64_t r0, int
 int experts_prefill_bf16(const uint16_t *x, int64_t n, int64_t d, const int64_t *ids, const float *wts, int64_t k,
                          int64_t E, const weight *up, const weight *down, int64_t I, float *out, int threads) {
     const int64_t S = n * k, wide = d > I ? d : I;
-    const int64_t ok[] = {PANELS_BF16, ROWS_BF16, FP8, NVFP4};
+    const int64_t ok[] = {PANELS_BF16, ROWS_BF16, FP8, NVFP4, PANELS_FP8};
     int formats = 0;
-    for (int i = 0; i < 4; i++) formats += (up[0].format == ok[i]) + (down[0].format == ok[i]);
+    for (int i = 0; i < 5; i++) formats += (up[0].format == ok[i]) + (down[0].format == ok[i]);
     if (!bf16_dot() || d % 2 || I % 2 || formats != 2) return -2;
     const int permute_up = up[0].format == NVFP4, permute_down = down[0].format == NVFP4;
     const int64_t team = threads > 0 ? threads : 1;
