@@ -345,7 +345,7 @@ def print_decode(res: dict, args: argparse.Namespace, dtype: str) -> dict:
         if "fp8-rows" in per:
             ratios = [p / r for p, r in zip(per["fp8"]["decode_tok_s_all"], per["fp8-rows"]["decode_tok_s_all"])]
             ratio = per["fp8"]["decode_tok_s"] / per["fp8-rows"]["decode_tok_s"]
-            print(f"{b:<8}fp8 in column panels (a float32 load's layout) / fp8 in rows: {ratio:.2f}x "
+            print(f"{b:<8}fp8 in column panels (a CPU load's layout) / fp8 in rows: {ratio:.2f}x "
                   f"(rep by rep {median(ratios):.2f}x)")
     return out
 
@@ -420,8 +420,8 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=5, help="timed decode runs per (budget, precision)")
     p.add_argument("--decode-dtypes", default="float32,bfloat16", help="compute dtypes of the decode part")
     p.add_argument("--fp8-rows", action="store_true",
-                   help="decode the FP8 weights in [out, in] rows too (ELASTIC_LOCAL_CPU_LAYOUT=rows), beside the "
-                        "column panels a float32 load keeps them in")
+                   help="decode the FP8 model with its codes put back into [out, in] rows too (fp8_as_rows), "
+                        "beside the column panels a CPU load keeps them in")
     p.add_argument("--decode-model", default="tiny", choices=("tiny", "gen", "gen16"),
                    help="decode part on the 17M model's stored files, or on bench_generate.py's 136M nested "
                         "model (53M active) quantized while loading")

@@ -138,7 +138,7 @@ def test_fp8_panels_and_their_budget_views_equal_the_dequantized_matmul(shape, r
 
 
 def fp8_layouts():
-    """FP8's two CPU layouts: [out, in] rows (a bfloat16 load's) and column panels (a float32 load's)."""
+    """FP8's two CPU layouts: [out, in] rows (as quantized or read) and column panels (a CPU load's)."""
     return pytest.mark.parametrize("layout", [lambda q: q, lambda q: q.cpu_layout()], ids=["rows", "panels"])
 
 

@@ -241,7 +241,7 @@ def test_experts_in_mixed_formats_keep_the_eager_step_with_a_warning(nested, cap
     layer.mixer.up[1] = layer.mixer.up[1].dequantize(torch.float32)  # as a `keep` pattern matching one would
     m.net.capture_decode(record=Recorder())
     assert m.net.graphs is None
-    # a float32 CPU load keeps FP8 codes in column panels (quant.fp8.FP8Panels)
+    # a CPU load keeps FP8 codes in column panels (quant.fp8.FP8Panels)
     assert "expert 1 is a Tensor unlike expert 0's FP8Panels" in caplog.text and "runs eagerly" in caplog.text
 
 

@@ -25,12 +25,12 @@
  * accumulators, four streams); more rows run the blocked product's register tiles straight on the panels
  * (section "Many rows of x"). A BF16 file's weights are kept in bf16 panels of the same shape, widened
  * exactly as they are read (half the bytes; the same sums as their float32 panels), each row's 24 columns
- * stored in the order bf16_panel_row reads (linear.BF16_COLUMNS). A float32 load keeps an FP8 file's
- * codes in e4m3 panels of the same shape (quant/fp8.py FP8Panels; gemv_p_fp8): one row of x decodes them in
- * registers (e4m3x8_low), more rows widen a panel's block once for the tiles. As rows, a budget's view
- * streamed 1.4-1.5x slower per weight than in panels at 448 of 768 inputs, and gen16's small budget decoded
- * 1.66-1.80x slower (docs/decode-speed.md, "FP8 codes in column panels").
- * The other formats (NVFP4, and FP8 in a bfloat16 load) keep W's rows: with one row of x the decode feeds
+ * stored in the order bf16_panel_row reads (linear.BF16_COLUMNS). A CPU load keeps an FP8 file's codes in
+ * e4m3 panels of the same shape (quant/fp8.py FP8Panels; gemv_p_fp8, gemm_p8_bf16x): one row of x decodes them in
+ * registers (e4m3x8_low), a few rows' tiles widen it as they read it, more rows widen a panel's block once.
+ * As rows, a budget's view streamed 1.4-1.5x slower per weight than in panels at 448 of 768 inputs, and
+ * gen16's small budget decoded 1.07-1.21x slower (docs/decode-speed.md, "FP8 codes in column panels").
+ * NVFP4 keeps W's rows (so do FP8 weights made outside a CPU load): with one row of x the decode feeds
  * the products directly; with two or three, each weight row is decoded once into a scratch row that every
  * row of x then reads; from four, 24 weight rows at a time are decoded into a panel of the same shape that
  * the tiles run over.
@@ -364,7 +364,7 @@ static inline void decode_bf16(const uint16_t *w, int64_t K, float *out) {
 #define PW 24  /* outputs per panel: three vectors */
 #define KC 256 /* panel rows a tile runs over: 24 x 256 floats = 24 KiB, within a 32 KiB L1 beside x's rows */
 
-/* What a panel holds: float32, bf16 (a BF16 file's weights) or e4m3 codes (an FP8 file's, model/linear.py
+/* What a panel holds: float32, bf16 (a BF16 file's weights) or e4m3 codes (an FP8 file's, quant/fp8.py
    FP8Panels) of one per-tensor scale. */
 enum { P_F32, P_BF16, P_FP8 };
 

@@ -89,7 +89,7 @@ class FP8Weight(QuantizedWeight):
         return step.packed(step.FP8, self.weight.view(torch.uint8), None, self.weight_scale.item(), self.shape[1])
 
     def cpu_layout(self) -> FP8Panels:
-        """This weight in column panels (FP8Panels), for a float32-compute load where the CPU kernels run."""
+        """This weight in column panels (FP8Panels), for a CPU load where the kernels run."""
         return FP8Panels(code_panels(self.weight), self.weight_scale, self.input_scale, 0, self.shape[0])
 
     @staticmethod
@@ -122,15 +122,16 @@ def _rows(p: Tensor, r0: int, r1: int) -> Tensor:
 
 @dataclass(eq=False)
 class FP8Panels(FP8Weight):
-    """An FP8 weight as a float32-compute CPU load keeps it: its e4m3 codes in column panels (`code_panels`),
+    """An FP8 weight as a CPU load with the kernels keeps it: its e4m3 codes in column panels (`code_panels`),
     `weight` uint8 [panels, in, 24], the view's `n` outputs starting `skip` columns into its first panel,
     as model.linear.Panels keeps float weights.
 
     Why: a budget's view of [out, in] rows is each row's first inputs, a stride apart, and a CPU streams
     those from memory slower than contiguous bytes (its prefetchers fetch past each row's end): at 448 of
     768 inputs a rows product ran 1.39x (one thread) and 1.51x (two) slower per weight than in panels, where
-    a view is one contiguous run per panel (scratch, 80 weights of 768x768 cycled). The one-row decode is
-    also cheaper: three integer operations per eight weights and no horizontal sum per row."""
+    a view is one contiguous run per panel (scratch, 80 weights of 768x768 cycled); gen16's small budget
+    decodes 1.07-1.21x faster in panels (docs/decode-speed.md, "FP8 codes in column panels"). The one-row
+    decode needs no horizontal sum per output."""
 
     skip: int = 0
     n: int = 0
