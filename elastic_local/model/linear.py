@@ -263,17 +263,6 @@ class ExpertStack(list):
         the values each expert's own `dequantize` gives."""
         return type(self[0]).dequantize_picked(self.stacked, pick, rows, cols, dtype)
 
-    def cpu_layout(self) -> ExpertStack:
-        """The stack in its format's CPU layout (elastic_local.quant: FP8's panels, one tensor for all the
-        experts, converted from the stacked one: no copy per expert), or itself."""
-        convert = getattr(self[0], "cpu_layout_experts", None)
-        if convert is None:
-            return self
-        stack = ExpertStack.__new__(ExpertStack)
-        stack.stacked, experts = convert(list(self), self.stacked)
-        list.__init__(stack, experts)
-        return stack
-
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm in float32 over the active channels (the weight is already cut to them); a float32 prompt on

@@ -92,15 +92,6 @@ class FP8Weight(QuantizedWeight):
         """This weight in column panels (FP8Panels), for a CPU load where the kernels run."""
         return FP8Panels(code_panels(self.weight), self.weight_scale, self.input_scale, 0, self.shape[0])
 
-    @staticmethod
-    def cpu_layout_experts(experts: list[FP8Weight], stacked: dict[str, Tensor]) -> tuple[dict, list[FP8Panels]]:
-        """A layer's stacked experts (model.linear.ExpertStack's fields) in column panels, one panel tensor for
-        all of them, and each expert's view of it."""
-        p = code_panels(stacked["weight"])
-        out = experts[0].shape[0]
-        return {**stacked, "weight": p}, [FP8Panels(p[e], w.weight_scale, w.input_scale, 0, out)
-                                           for e, w in enumerate(experts)]
-
 
 def code_panels(codes: Tensor) -> Tensor:
     """e4m3 codes [.., out, in] -> bytes [.., panels, in, 24]: panel q holds outputs [24q, 24q + 24) (the last
@@ -135,7 +126,6 @@ class FP8Panels(FP8Weight):
 
     skip: int = 0
     n: int = 0
-    cpu_layout_experts = None  # in it already (model.linear.ExpertStack.cpu_layout)
 
     @property
     def shape(self) -> torch.Size:
