@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_budgets.py [--models demo,gen,gen16] [--reps 5] [--new-tokens 48] [--threads 1]
                                                  [--variants torch,kernels,stepwise,rows,fixed,sampled] [--compile]
-                                                 [--bf16]
+                                                 [--bf16] [--precision bf16|fp8|nvfp4]
 
 Models: the embedded demo model (5.6M parameters, budgets full / mid / small) and bench_generate.py's
 ~136M random nested model (full / mid / small at 60% and 35% of the parameters; built once under
@@ -24,6 +24,9 @@ bytes `read/token` counts, so the same ratios). Each is loaded in float32 once p
     stepwise  the default model with the engine's run ahead off (`Generation._run_ahead` declining): the
               general step, its Python and numpy's argmax for every token, as before greedy tokens ran
               ahead in C
+`--precision fp8` / `nvfp4` quantizes the weights while loading (the same numbers as a stored file) and
+counts the bytes a token reads as a CPU load keeps them (quant/scheme.py weight_bytes: packed codes and
+scales, the LM head and the other high-precision Linear weights in bf16, the rest float32).
 Batch-1 greedy decode (sampled in the `sampled` variant) of --new-tokens tokens after a 32-token prompt, eos
 ignored, through
 `m.generate`; runs interleaved (rep, budget, variant) because the machine is shared and noisy; medians.
@@ -54,6 +57,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+PRECISION = "bf16"  # --precision: the weights' (fp8 / nvfp4: quantized while loading, or as a file stores them)
+
+
 def load(path: Path | None, variant: str):
     import elastic_local
     from elastic_local.engine.load import LAYOUT_ENV
@@ -62,15 +68,22 @@ def load(path: Path | None, variant: str):
     try:
         with kernels_on(variant != "torch"):  # without the kernels, the plain transpose
             return elastic_local.load(path, dtype=torch.bfloat16 if variant == "bf16" else torch.float32,
-                                      compile=variant == "compiled")
+                                      compile=variant == "compiled",
+                                      precision=None if PRECISION == "bf16" else PRECISION)
     finally:
         os.environ.pop(LAYOUT_ENV, None)
 
 
 def read_bytes(m, budget: str) -> int:
+    """The weight bytes a decoded token reads, counted at 4 a weight (BF16: the ratios are a BF16 load's); at
+    --precision fp8 / nvfp4 as a CPU load keeps them (packed codes and scales, the LM head and the other
+    high-precision Linear weights in bf16 panels, the rest float32; quant/scheme.py weight_bytes)."""
     from elastic_local.model.budget import count_params
+    from elastic_local.quant.scheme import weight_bytes
 
     b = m.budget(budget)
+    if PRECISION != "bf16":
+        return weight_bytes(m.config, b, PRECISION, active=True, float32=True, bf16_linears=True)
     active = count_params(m.config, b)[1]
     return (active - m.config.vocab_size * b.hidden) * 4  # one embedding row per token, float32
 
@@ -84,7 +97,8 @@ def all_read_bytes(m, budget: str, weight_bytes: int, position: float) -> float:
 
     shape = arch_shape(m.config, m.budget(budget))
     embedding_row = m.budget(budget).hidden * m.net.embed.element_size()
-    return read_bytes(m, budget) / 4 * weight_bytes + embedding_row + shape.state_bytes() + shape.kv_bytes(position, 4)
+    weights = read_bytes(m, budget) if PRECISION != "bf16" else read_bytes(m, budget) / 4 * weight_bytes
+    return weights + embedding_row + shape.state_bytes() + shape.kv_bytes(position, 4)
 
 
 @contextlib.contextmanager
@@ -238,7 +252,11 @@ def main() -> None:
                     help="which of torch, kernels, stepwise, rows, fixed, sampled to run (kernels always)")
     ap.add_argument("--compile", action="store_true", help="also the default with a compiled decode step")
     ap.add_argument("--bf16", action="store_true", help="also the default loaded in bfloat16")
+    ap.add_argument("--precision", default="bf16", choices=("bf16", "fp8", "nvfp4"),
+                    help="the weights' precision: fp8 / nvfp4 quantized while loading")
     args = ap.parse_args()
+    global PRECISION
+    PRECISION = args.precision
     unknown = set(args.variants.split(",")) - {"torch", "kernels", "stepwise", "rows", "fixed", "sampled"}
     if unknown or "kernels" not in args.variants.split(","):
         raise SystemExit(f"--variants: {', '.join(sorted(unknown)) or 'kernels missing'} (torch, kernels, "
@@ -256,7 +274,8 @@ def main() -> None:
             raise SystemExit(f"--models: unknown {name!r} (demo, gen, gen16)")
         results[name] = bench(name, path, args)
 
-    print(f"\ndecode tok/s, batch 1, float32, {args.threads} thread(s), median of {args.reps}; "
+    print(f"\ndecode tok/s, batch 1, {args.precision} weights, float32 compute, {args.threads} thread(s), median of "
+          f"{args.reps}; "
           "speed-up vs the full budget (efficiency = speed-up / bytes ratio)")
     for name, res in results.items():
         variants = res["variants"]
