@@ -101,8 +101,8 @@ def _linear_kernel(precision: str, device: str) -> str:
     if runs_natively(precision, cap):
         return f"{precision} scaled_mm (compute capability {cap[0]}.{cap[1]})"
     if cpu_decode:
-        layout = "FP8 codes kept in column panels, " if precision == "fp8" else ""
-        return (f"dequantize in registers (model/gemv.c; {layout}a row of x at a time for decode, into panels for "
+        layout = " FP8 codes kept in column panels;" if precision == "fp8" else ""
+        return (f"dequantize in registers (model/gemv.c):{layout} a row of x at a time for decode, into panels for "
                 f"a prompt's rows (up to {gemv.MAX_PACKED_ROWS} a call; {_bf16_prompts()})")
     need = NATIVE_CAPABILITY[precision]
     return f"dequantize inside the matmul ({precision} needs compute capability {need[0]}.{need[1]}+ to run natively)"
