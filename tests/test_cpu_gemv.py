@@ -71,6 +71,24 @@ def test_panel_float32_weights_and_their_budget_views_equal_torch_matmul(shape, 
         torch.testing.assert_close(y, F.linear(x, w[r0:r1, :cols]), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("shape", [(5, 7), (37, 48), (3, 50, 70), (24, 16), (100, 257), (2, 300, 80)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.uint8])
+def test_the_repacking_into_panels_in_c_equals_torch_s_copy(shape, dtype, monkeypatch):
+    """gemv.c's panel_words / panel_bytes (a load's repacking of bf16 weights and e4m3 codes): the same panels,
+    bf16 columns in BF16_COLUMNS' order, as torch's copy makes, over stacks, widths that are no multiple of
+    16 or 8, and a last panel of fewer than 24 outputs."""
+    from elastic_local.model.linear import Panels
+    from elastic_local.quant.fp8 import code_panels
+
+    g = torch.Generator().manual_seed(sum(shape))
+    w = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8) if dtype == torch.uint8 \
+        else torch.randn(shape, generator=g).bfloat16()
+    panels = (lambda t: code_panels(t).clone()) if dtype == torch.uint8 else (lambda t: Panels.of(t).p.clone())
+    got = panels(w)
+    monkeypatch.setattr(gemv, "panel_copy", lambda *a: False)
+    assert torch.equal(got, panels(w))
+
+
 def test_a_view_of_a_panel_view_and_of_a_stacked_expert_cut_the_same_weights():
     """Blocks compose (a budget's view cut again, as step.py's in_proj parts are) and stacked experts
     index before or after the cut."""

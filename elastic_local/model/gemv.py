@@ -60,6 +60,8 @@ _SIGNATURES = {
     "gemm_p_bf16": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
     "gemm_p_bf16x": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
     "gemm_p8_bf16x": [_P, _P, _P, _I, _I, _I, _I, _I, _F, _C],
+    "panel_bytes": [_P, _P, _I, _I, _I],
+    "panel_words": [_P, _P, _I, _I, _I],
     "gemm_packed_bf16x": [_C, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _C],
     "bf16_dot": [],
     "gemv_bf16": [_P, _P, _P, _I, _I, _I, _I, _C],
@@ -349,6 +351,21 @@ def fp8_panels(x: Tensor, p: Tensor, skip: int, n: int, scale: float) -> Tensor:
             raise MemoryError(f"out of memory for a {k}-input weight's re-paired panels")
         return y.to(torch.bfloat16)
     return _call(_library.gemv_p_fp8, x, n, (p.data_ptr(),), (p.stride(0), skip, scale))
+
+
+def panel_copy(w: Tensor, p: Tensor) -> bool:
+    """p [.., panels, in, 24] = w [.., out, in] in panels of 24 outputs, for a 1-byte (e4m3 codes) or a bf16
+    weight (its columns in linear.BF16_COLUMNS' order): gemv.c's panel_bytes / panel_words, a load's
+    repacking at 2.4-2.7x torch's strided copy. False where it cannot (no kernels, another dtype, not
+    contiguous on the CPU): the caller copies."""
+    one = w.element_size() == 1
+    if (library() is None or w.device.type != "cpu" or not (one or w.dtype == torch.bfloat16)
+            or not w.is_contiguous() or not p.is_contiguous()):
+        return False
+    out, k = w.shape[-2:]
+    copy = _library.panel_bytes if one else _library.panel_words
+    copy(w.data_ptr(), p.data_ptr(), w.numel() // max(out * k, 1), out, k)
+    return True
 
 
 _FP8, _NVFP4 = 2, 3  # gemv.c's PANEL_FP8, PANEL_NVFP4
