@@ -1250,92 +1250,119 @@ int product_bf16x(int format, int panel, const uint16_t *x, const void *w, const
 
 /* ------------------------------------------------------------------------------------------------------
  * A load's repacking into panels (model/linear.py Panels.of, quant/fp8.py code_panels): a weight [.., out, K]
- * transposed into [.., Q, K, 24] by in-register transposes of 16 x 16 bytes / 8 x 8 words, where torch's strided
- * copy of a 24-wide inner dimension ran at 1.1-2.1 GB/s (gemv.c's own: 3.1 GB/s for e4m3 bytes, 5.8 for bf16,
- * one thread, scratch; about 11 s of a 12 GB FP8 model's load). */
+ * transposed into [.., Q, K, 24] by in-register transposes of 16 x 16 bytes or 8 x 8 words, where torch's
+ * strided copy of a 24-wide inner dimension ran at 1.1-2.1 GB/s (these: 3.1 GB/s for e4m3 bytes, 5.8 for
+ * bf16, one thread; a 12 GB FP8 model's load would spend about 11 s in torch's). */
+
+/* The first two stages of a byte transpose of n rows (n: 8 or 16) a[i]: c[4i + 2h + l] holds rows 4i..4i + 3
+   of columns 8h + 4l .. + 3. Each stage interleaves pairs of vectors at twice the width of the one before. */
+static inline void transpose_stages(int n, const __m128i *a, __m128i *c) {
+    __m128i b[16];
+    for (int i = 0; i < n / 2; i++) { /* b[2i], b[2i + 1]: rows 2i and 2i + 1, columns 0-7 and 8-15 */
+        b[2 * i] = _mm_unpacklo_epi8(a[2 * i], a[2 * i + 1]);
+        b[2 * i + 1] = _mm_unpackhi_epi8(a[2 * i], a[2 * i + 1]);
+    }
+    for (int i = 0; i < n / 4; i++)
+        for (int h = 0; h < 2; h++) {
+            c[4 * i + 2 * h] = _mm_unpacklo_epi16(b[4 * i + h], b[4 * i + 2 + h]);
+            c[4 * i + 2 * h + 1] = _mm_unpackhi_epi16(b[4 * i + h], b[4 * i + 2 + h]);
+        }
+}
 
 /* 16 x 16 bytes: a[i] = row i's 16 bytes -> a[j] = column j's 16 bytes (rows 0..15). */
-static inline void t16x16(__m128i a[16]) {
+static inline void transpose16x16(__m128i a[16]) {
     __m128i b[16];
-    for (int i = 0; i < 8; i++) { b[2*i] = _mm_unpacklo_epi8(a[2*i], a[2*i+1]); b[2*i+1] = _mm_unpackhi_epi8(a[2*i], a[2*i+1]); }
-    /* b[2i]: cols 0-7 of rows 2i,2i+1 interleaved; b[2i+1]: cols 8-15 */
-    for (int i = 0; i < 4; i++) for (int h = 0; h < 2; h++) {
-        a[4*i+2*h] = _mm_unpacklo_epi16(b[4*i+h], b[4*i+2+h]); a[4*i+2*h+1] = _mm_unpackhi_epi16(b[4*i+h], b[4*i+2+h]); }
-    /* a[4i+2h+l]: rows 4i..4i+3, cols 8h+4l .. +3 (each col 4 bytes) */
-    for (int i = 0; i < 2; i++) for (int c = 0; c < 4; c++) {
-        b[8*i+2*c] = _mm_unpacklo_epi32(a[8*i+c], a[8*i+4+c]); b[8*i+2*c+1] = _mm_unpackhi_epi32(a[8*i+c], a[8*i+4+c]); }
-    /* b[8i+2c+l]: rows 8i..8i+7, cols (c*4 + 2l) .. +1 (each 8 bytes) */
-    for (int c = 0; c < 8; c++) { a[2*c] = _mm_unpacklo_epi64(b[c], b[8+c]); a[2*c+1] = _mm_unpackhi_epi64(b[c], b[8+c]); }
-    /* a[2c+l]: col 2c+l, rows 0..15 */
-}
-/* 8 rows x 16 bytes -> 16 columns of 8 bytes (the low halves of out[j]). */
-static inline void t8x16(const __m128i a[8], __m128i out[16]) {
-    __m128i b[8], c[8];
-    for (int i = 0; i < 4; i++) { b[2*i] = _mm_unpacklo_epi8(a[2*i], a[2*i+1]); b[2*i+1] = _mm_unpackhi_epi8(a[2*i], a[2*i+1]); }
-    for (int h = 0; h < 2; h++) for (int i = 0; i < 2; i++) {
-        c[4*i+2*h] = _mm_unpacklo_epi16(b[4*i+h], b[4*i+2+h]); c[4*i+2*h+1] = _mm_unpackhi_epi16(b[4*i+h], b[4*i+2+h]); }
-    /* c[4i+2h+l]: rows 4i..4i+3, cols 8h+4l..+3 */
-    for (int h = 0; h < 2; h++) for (int l = 0; l < 2; l++) {
-        const __m128i lo = _mm_unpacklo_epi32(c[2*h+l], c[4+2*h+l]), hi = _mm_unpackhi_epi32(c[2*h+l], c[4+2*h+l]);
-        /* lo: cols 8h+4l, +1 (8 bytes each); hi: cols +2, +3 */
-        const int col = 8*h + 4*l;
-        out[col] = lo; out[col+1] = _mm_unpackhi_epi64(lo, lo); out[col+2] = hi; out[col+3] = _mm_unpackhi_epi64(hi, hi);
+    transpose_stages(16, a, a);
+    for (int i = 0; i < 2; i++) /* b[8i + 2c + l]: rows 8i..8i + 7, columns 4c + 2l, + 1 */
+        for (int c = 0; c < 4; c++) {
+            b[8 * i + 2 * c] = _mm_unpacklo_epi32(a[8 * i + c], a[8 * i + 4 + c]);
+            b[8 * i + 2 * c + 1] = _mm_unpackhi_epi32(a[8 * i + c], a[8 * i + 4 + c]);
+        }
+    for (int c = 0; c < 8; c++) { /* a[2c + l]: column 2c + l */
+        a[2 * c] = _mm_unpacklo_epi64(b[c], b[8 + c]);
+        a[2 * c + 1] = _mm_unpackhi_epi64(b[c], b[8 + c]);
     }
 }
-/* dst [lead Q, K, 24] = src [lead, out, K] in panels of 24 outputs (bytes; the last panel's missing rows zero). 0. */
+
+/* 8 rows of 16 bytes -> 16 columns of 8 bytes, in the low halves of out[j]. */
+static inline void transpose8x16(const __m128i a[8], __m128i out[16]) {
+    __m128i c[8];
+    transpose_stages(8, a, c);
+    for (int q = 0; q < 4; q++) { /* columns 4q .. 4q + 3 */
+        const __m128i lo = _mm_unpacklo_epi32(c[q], c[4 + q]), hi = _mm_unpackhi_epi32(c[q], c[4 + q]);
+        out[4 * q] = lo, out[4 * q + 1] = _mm_unpackhi_epi64(lo, lo);
+        out[4 * q + 2] = hi, out[4 * q + 3] = _mm_unpackhi_epi64(hi, hi);
+    }
+}
+
+/* 8 x 8 words: a[i] = row i's 8 words -> a[j] = column j's 8 words (rows 0..7). */
+static inline void transpose8x8w(__m128i a[8]) {
+    __m128i b[8], c[8];
+    for (int i = 0; i < 4; i++) {
+        b[2 * i] = _mm_unpacklo_epi16(a[2 * i], a[2 * i + 1]);
+        b[2 * i + 1] = _mm_unpackhi_epi16(a[2 * i], a[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++) /* c[4i + 2h + l]: rows 4i..4i + 3, columns 4h + 2l, + 1 */
+        for (int h = 0; h < 2; h++) {
+            c[4 * i + 2 * h] = _mm_unpacklo_epi32(b[4 * i + h], b[4 * i + 2 + h]);
+            c[4 * i + 2 * h + 1] = _mm_unpackhi_epi32(b[4 * i + h], b[4 * i + 2 + h]);
+        }
+    for (int j = 0; j < 4; j++) {
+        a[2 * j] = _mm_unpacklo_epi64(c[j], c[4 + j]);
+        a[2 * j + 1] = _mm_unpackhi_epi64(c[j], c[4 + j]);
+    }
+}
+
+/* Panel pq's 24 source rows of `size`-byte elements (NULL past the last output: zeros). */
+static void panel_rows(const char *src, int64_t size, int64_t pq, int64_t out, int64_t K, const char *r[PW]) {
+    const int64_t Q = (out + PW - 1) / PW, l = pq / Q, q = pq % Q;
+    for (int64_t i = 0; i < PW; i++) r[i] = q * PW + i < out ? src + ((l * out + q * PW + i) * K) * size : NULL;
+}
+
+static inline __m128i row16(const char *r, int64_t at) {
+    return r ? _mm_loadu_si128((const __m128i *)(r + at)) : _mm_setzero_si128();
+}
+
+/* dst [lead Q, K, 24] = src [lead, out, K] in panels of 24 outputs (bytes; the last panel's missing outputs
+   zero). 0. */
 int panel_bytes(const uint8_t *src, uint8_t *dst, int64_t lead, int64_t out, int64_t K) {
-    const int64_t Q = (out + PW - 1) / PW;
-    for (int64_t pq = 0; pq < lead * Q; pq++) {
-        const int64_t l = pq / Q, q = pq % Q, rows = out - q * PW < PW ? out - q * PW : PW;
-        const uint8_t *r[PW];
-        for (int i = 0; i < PW; i++) r[i] = i < rows ? src + (l * out + q * PW + i) * K : NULL;
+    for (int64_t pq = 0; pq < lead * ((out + PW - 1) / PW); pq++) {
+        const char *r[PW];
+        panel_rows((const char *)src, 1, pq, out, K, r);
         uint8_t *to = dst + pq * K * PW;
         int64_t k = 0;
         for (; k + 16 <= K; k += 16) {
-            __m128i a[16], e[8], o8[16];
-            for (int i = 0; i < 16; i++) a[i] = r[i] ? _mm_loadu_si128((const __m128i *)(r[i] + k)) : _mm_setzero_si128();
-            for (int i = 0; i < 8; i++) e[i] = r[16 + i] ? _mm_loadu_si128((const __m128i *)(r[16 + i] + k)) : _mm_setzero_si128();
-            t16x16(a);
-            t8x16(e, o8);
+            __m128i a[16], e[8], last[16];
+            for (int i = 0; i < 16; i++) a[i] = row16(r[i], k);
+            for (int i = 0; i < 8; i++) e[i] = row16(r[16 + i], k);
+            transpose16x16(a);
+            transpose8x16(e, last);
             for (int j = 0; j < 16; j++) {
                 _mm_storeu_si128((__m128i *)(to + (k + j) * PW), a[j]);
-                _mm_storel_epi64((__m128i *)(to + (k + j) * PW + 16), o8[j]);
+                _mm_storel_epi64((__m128i *)(to + (k + j) * PW + 16), last[j]);
             }
         }
         for (; k < K; k++)
-            for (int i = 0; i < PW; i++) to[k * PW + i] = r[i] ? r[i][k] : 0;
+            for (int i = 0; i < PW; i++) to[k * PW + i] = r[i] ? (uint8_t)r[i][k] : 0;
     }
     return 0;
 }
-/* 8 x 8 words: a[i] = row i's 8 words -> a[j] = column j's 8 words (rows 0..7). */
-static inline void t8x8w(__m128i a[8]) {
-    __m128i b[8];
-    for (int i = 0; i < 4; i++) { b[2*i] = _mm_unpacklo_epi16(a[2*i], a[2*i+1]); b[2*i+1] = _mm_unpackhi_epi16(a[2*i], a[2*i+1]); }
-    /* b[2i]: rows 2i,2i+1 cols 0-3 ; b[2i+1]: cols 4-7 */
-    __m128i c[8];
-    for (int i = 0; i < 2; i++) for (int h = 0; h < 2; h++) {
-        c[4*i+2*h] = _mm_unpacklo_epi32(b[4*i+h], b[4*i+2+h]); c[4*i+2*h+1] = _mm_unpackhi_epi32(b[4*i+h], b[4*i+2+h]); }
-    /* c[4i+2h+l]: rows 4i..4i+3, cols 4h+2l, +1 */
-    for (int j = 0; j < 4; j++) { a[2*j] = _mm_unpacklo_epi64(c[j], c[4+j]); a[2*j+1] = _mm_unpackhi_epi64(c[j], c[4+j]); }
-    /* a[2j+l]: col 2j+l */
-}
-/* panel_bytes for bf16 words, each panel row's first 16 columns in linear.BF16_COLUMNS' order (position 2c + h:
-   column 8h + c, as bf16_panel_row reads them). 0. */
+
+/* panel_bytes for bf16 words, each panel row's first 16 columns in linear.BF16_COLUMNS' order (position
+   2c + h holds column 8h + c, as bf16_panel_row reads them). 0. */
 int panel_words(const uint16_t *src, uint16_t *dst, int64_t lead, int64_t out, int64_t K) {
-    const int64_t Q = (out + PW - 1) / PW;
-    for (int64_t pq = 0; pq < lead * Q; pq++) {
-        const int64_t l = pq / Q, q = pq % Q, rows = out - q * PW < PW ? out - q * PW : PW;
-        const uint16_t *r[PW];
-        for (int i = 0; i < PW; i++) r[i] = i < rows ? src + (l * out + q * PW + i) * K : NULL;
+    for (int64_t pq = 0; pq < lead * ((out + PW - 1) / PW); pq++) {
+        const char *r[PW];
+        panel_rows((const char *)src, 2, pq, out, K, r);
         uint16_t *to = dst + pq * K * PW;
         int64_t k = 0;
         for (; k + 8 <= K; k += 8) {
             __m128i a[3][8];
             for (int g = 0; g < 3; g++) {
-                for (int i = 0; i < 8; i++) a[g][i] = r[8*g+i] ? _mm_loadu_si128((const __m128i *)(r[8*g+i] + k)) : _mm_setzero_si128();
-                t8x8w(a[g]);
+                for (int i = 0; i < 8; i++) a[g][i] = row16(r[8 * g + i], 2 * k);
+                transpose8x8w(a[g]);
             }
-            for (int j = 0; j < 8; j++) {
+            for (int j = 0; j < 8; j++) { /* columns 0-7 and 8-15 interleaved, then 16-23 */
                 uint16_t *o = to + (k + j) * PW;
                 _mm_storeu_si128((__m128i *)o, _mm_unpacklo_epi16(a[0][j], a[1][j]));
                 _mm_storeu_si128((__m128i *)(o + 8), _mm_unpackhi_epi16(a[0][j], a[1][j]));
@@ -1343,9 +1370,10 @@ int panel_words(const uint16_t *src, uint16_t *dst, int64_t lead, int64_t out, i
             }
         }
         for (; k < K; k++)
-            for (int c = 0; c < PW; c++) { /* position of column c */
-                const int at = c < 16 ? 2 * (c % 8) + c / 8 : c;
-                to[k * PW + at] = r[c] ? r[c][k] : 0;
+            for (int c = 0; c < PW; c++) {
+                uint16_t v = 0;
+                if (r[c]) memcpy(&v, r[c] + 2 * k, 2);
+                to[k * PW + (c < 16 ? 2 * (c % 8) + c / 8 : c)] = v;
             }
     }
     return 0;
