@@ -1251,8 +1251,9 @@ int product_bf16x(int format, int panel, const uint16_t *x, const void *w, const
 /* ------------------------------------------------------------------------------------------------------
  * A load's repacking into panels (model/linear.py Panels.of, quant/fp8.py code_panels): a weight [.., out, K]
  * transposed into [.., Q, K, 24] by in-register transposes of 16 x 16 bytes or 8 x 8 words, where torch's
- * strided copy of a 24-wide inner dimension ran at 1.1-2.1 GB/s (these: 3.1 GB/s for e4m3 bytes, 5.8 for
- * bf16, one thread; a 12 GB FP8 model's load would spend about 11 s in torch's). */
+ * strided copy of a 24-wide inner dimension ran at 0.9-2.1 GB/s (these: 3.1-3.3 GB/s for e4m3 bytes, 2.6-5.8
+ * for bf16, one thread; a 12 GB FP8 model's load would spend about 11 s in torch's; docs/decode-speed.md,
+ * "FP8 codes in column panels"). */
 
 /* The first two stages of a byte transpose of n rows (n: 8 or 16) a[i]: c[4i + 2h + l] holds rows 4i..4i + 3
    of columns 8h + 4l .. + 3. Each stage interleaves pairs of vectors at twice the width of the one before. */

@@ -356,7 +356,7 @@ def fp8_panels(x: Tensor, p: Tensor, skip: int, n: int, scale: float) -> Tensor:
 def panel_copy(w: Tensor, p: Tensor) -> bool:
     """p [.., panels, in, 24] = w [.., out, in] in panels of 24 outputs, for a 1-byte (e4m3 codes) or a bf16
     weight (its columns in linear.BF16_COLUMNS' order): gemv.c's panel_bytes / panel_words, a load's
-    repacking at 2.4-2.7x torch's strided copy. False where it cannot (no kernels, another dtype, not
+    repacking at 1.7-3.6x torch's strided copy. False where it cannot (no kernels, another dtype, not
     contiguous on the CPU): the caller copies."""
     one = w.element_size() == 1
     if (library() is None or w.device.type != "cpu" or not (one or w.dtype == torch.bfloat16)
