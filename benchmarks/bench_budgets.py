@@ -12,7 +12,8 @@ bytes `read/token` counts, so the same ratios). Each is loaded in float32 once p
     torch     weights kept [in, out] (`linear.Transposed`), torch's matmul (what ELASTIC_LOCAL_CPU_GEMV=0 runs)
     kernels   the default: weights in column panels (`linear.Panels`), decode steps in C (model/step.c on
               model/gemv.c's kernels)
-    rows      ELASTIC_LOCAL_CPU_LAYOUT=rows: weights kept [out, in] as stored, decode steps in C
+    rows      ELASTIC_LOCAL_CPU_LAYOUT=rows: weights kept [out, in] in float32 (a BF16 file's too: twice the
+              bytes the default's bf16 panels read), decode steps in C
     compiled  (--compile) the default with the decode step compiled (`load(compile=True)`), each budget
               compiled in the warm-up
     bf16      (--bf16) the default loaded with dtype=torch.bfloat16 (the CPU's load where float32 does not fit):
