@@ -24,10 +24,10 @@ LAYOUT_ENV = "ELASTIC_LOCAL_CPU_LAYOUT"  # "rows": keep CPU float32 weights [out
 def cpu_layout() -> str:
     """How CPU float32 weights are kept: "transposed" ([in, out], model/linear.Transposed) by default, or
     "rows" ([out, in], as stored; in a float32 load a BF16 file's Linear weights and LM head then widen to
-    float32, where the default keeps them in bf16 panels, and FP8 codes stay rows). Decode steps run on the CPU decode kernels (model/gemv.py) in both;
-    [in, out] keeps a hidden-size cut contiguous (the hidden size is the input of the largest weights),
-    where [out, in] leaves every row partly read and its small budgets lose (docs/decode-speed.md, "CPU
-    decode kernels")."""
+    float32, where the default keeps them in bf16 panels, and FP8 codes stay rows). Decode steps run on the
+    CPU decode kernels (model/gemv.py) in both; [in, out] keeps a hidden-size cut contiguous (the hidden
+    size is the input of the largest weights), where [out, in] leaves every row partly read and its small
+    budgets lose (docs/decode-speed.md, "CPU decode kernels")."""
     return "rows" if os.environ.get(LAYOUT_ENV) == "rows" else "transposed"
 
 
