@@ -371,8 +371,9 @@ enum { P_F32, P_BF16, P_FP8 };
 /* Eight e4m3 bytes -> the float32s that hold value * 2^-120, by integer operations alone: each byte
    sign-extended to 32 bits and shifted up by 20 leaves its exponent and mantissa in a float32's low
    exponent bits and its mantissa, and its sign in bit 27 and above; the mask keeps the sign bit and those
-   7 bits (e4m3's subnormals become float32 subnormals, exactly). Three operations per eight weights, where
-   a rows product (dot_fp8) pays four and a horizontal sum per row. */
+   7 bits (e4m3's subnormals become float32 subnormals, exactly). Three operations per eight weights: the
+   rows product's bf16 pairs (dot_fp8) take 2.5, but need x permuted to their order and a horizontal sum per
+   output, which a panel's columns do not. */
 static inline __m256 e4m3x8_low(const uint8_t *p) {
     const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32((int)0x87F00000)));
@@ -502,8 +503,9 @@ static inline void panel_range(int64_t skip, int64_t n0, int64_t n1, int64_t *q0
 #define MC 128
 #define PANEL_SCRATCH (4 * PW + KC * PW)
 /* Up to WIDEN_ROWS rows of x, a bf16 or e4m3 panel's tiles widen it as they read it (tile_packed); more, its
-   block is widened into scratch once for all the rows (an e4m3 block times its scale). Widening in the tiles against into scratch (same bits;
-   scratch A/B, gemm_p_bf16, 768x256 to 3072x1024, one thread and two): 2 rows 1.76-2.11x, 4 1.51-1.66x,
+   block is widened into scratch once for all the rows (an e4m3 block times its scale). Widening in the
+   tiles against into scratch (same bits; scratch A/B, gemm_p_bf16, 768x256 to 3072x1024, one thread and
+   two): 2 rows 1.76-2.11x, 4 1.51-1.66x,
    8 1.25-1.30x, 16 1.10-1.15x, 32 1.00-1.06x, 128 0.97-1.04x. A batch's decode rows (step.c's decode_rows)
    and a prompt's experts take few rows a weight. */
 #define WIDEN_ROWS 64
@@ -1229,7 +1231,8 @@ int gemm_packed_bf16x(int format, const uint16_t *x, const uint8_t *w, const uin
 /* The calling thread's y [M, N] = x [M, K] (bf16; NVFP4's permuted) W^T on the bf16 dots: W a panel view
    (`panel`: w the panels, ld their stride, `skip`; bf16, or e4m3 for `format` PANEL_FP8) or rows of
    `format` (PANEL_BF16 / FP8 / NVFP4, ld and lds in bytes), `scale` the per-tensor one. For step.c's
-   experts of a bfloat16 prompt, an expert to a thread. 0; -1 where memory ran out; -2 where there are no bf16 dots, or K is odd. */
+   experts of a bfloat16 prompt, an expert to a thread. 0; -1 where memory ran out; -2 where there are no
+   bf16 dots, or K is odd. */
 int product_bf16x(int format, int panel, const uint16_t *x, const void *w, const uint8_t *scales, float *y,
                   int64_t M, int64_t N, int64_t K, int64_t ld, int64_t lds, int64_t skip, float scale) {
 #ifdef BF16_DOT

@@ -1839,7 +1839,9 @@ static void rows_product(const weight *w, const float *x, int64_t m, float *y, f
     switch (w->format) {
     case PANELS_F32:
     case PANELS_BF16:
-    case PANELS_FP8: gemm_p_part(x, w->w, w->ld, w->skip, y, m, N, K, 0, N, scratch, kind_of(w->format), w->scale); break;
+    case PANELS_FP8:
+        gemm_p_part(x, w->w, w->ld, w->skip, y, m, N, K, 0, N, scratch, kind_of(w->format), w->scale);
+        break;
     case ROWS_F32: part_f32(x, w->w, y, m, N, K, w->ld, 0, N); break;
     case ROWS_BF16: part_bf16(x, w->w, y, m, N, K, w->ld, 0, N); break;
     case FP8: part_fp8(x, w->w, y, m, N, K, w->ld, w->scale, 0, N); break;
