@@ -120,11 +120,11 @@ class FP8Panels(FP8Weight):
     as model.linear.Panels keeps float weights.
 
     Why: a budget's view of [out, in] rows is each row's first inputs, a stride apart, and a CPU streams
-    those from memory slower than contiguous bytes (its prefetchers fetch past each row's end): at 448 of
-    768 inputs a rows product ran 1.39x (one thread) and 1.51x (two) slower per weight than in panels, where
-    a view is one contiguous run per panel (scratch, 80 weights of 768x768 cycled); gen16's small budget
-    decodes 1.07-1.21x faster in panels (docs/decode-speed.md, "FP8 codes in column panels"). The one-row
-    decode needs no horizontal sum per output."""
+    those from memory slower than contiguous bytes (likely its prefetchers fetching past each row's end):
+    at 448 of 768 inputs a rows product ran 1.39x (one thread) and 1.51x (two) slower per weight than in
+    panels, where a view is one contiguous run per panel (scratch, 80 weights of 768x768 cycled); gen16's
+    small budget decodes 1.07-1.21x faster in panels (docs/decode-speed.md, "FP8 codes in column panels").
+    The one-row decode needs no horizontal sum per output."""
 
     skip: int = 0
     n: int = 0
