@@ -74,7 +74,7 @@ def test_panel_float32_weights_and_their_budget_views_equal_torch_matmul(shape, 
 @pytest.mark.parametrize("shape", [(5, 7), (37, 48), (3, 50, 70), (24, 16), (100, 257), (2, 300, 80)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.uint8])
 def test_the_repacking_into_panels_in_c_equals_torch_s_copy(shape, dtype, monkeypatch):
-    """gemv.c's panel_words / panel_bytes (a load's repacking of bf16 weights and e4m3 codes): the same panels,
+    """gemv.c's panel_copy (a load's repacking of bf16 weights and e4m3 codes): the same panels,
     bf16 columns in BF16_COLUMNS' order, as torch's copy makes, over stacks, widths that are no multiple of
     16 or 8, and a last panel of fewer than 24 outputs."""
     from elastic_local.model.linear import Panels
@@ -85,6 +85,7 @@ def test_the_repacking_into_panels_in_c_equals_torch_s_copy(shape, dtype, monkey
         else torch.randn(shape, generator=g).bfloat16()
     panels = (lambda t: code_panels(t).clone()) if dtype == torch.uint8 else (lambda t: Panels.of(t).p.clone())
     got = panels(w)
+    assert gemv.panel_copy(w, torch.zeros_like(got))  # the C copy made `got`, not torch's
     monkeypatch.setattr(gemv, "panel_copy", lambda *a: False)
     assert torch.equal(got, panels(w))
 

@@ -516,7 +516,7 @@ void gemm_p_part(const float *x, const void *p, int64_t ps, int64_t skip, float 
     int64_t q0, q1;
     panel_range(skip, n0, n1, &q0, &q1);
     float *wide = c + 4 * PW;
-    const int bf16 = kind == P_BF16;
+    const int64_t size = kind == P_F32 ? 4 : kind == P_BF16 ? 2 : 1;
     for (int64_t b = q0; b < q1; b += NB) {
         const int64_t e = b + NB < q1 ? b + NB : q1;
         for (int64_t k0 = 0; k0 < K; k0 += KC) {
@@ -526,14 +526,12 @@ void gemm_p_part(const float *x, const void *p, int64_t ps, int64_t skip, float 
                     const int64_t lo = q * PW - skip > n0 ? q * PW - skip : n0;
                     const int64_t hi = q * PW + PW - skip < n1 ? q * PW + PW - skip : n1;
                     const int64_t m = M - m0 < MC ? M - m0 : MC;
-                    const void *slab = bf16 ? (const void *)((const uint16_t *)p + q * ps + k0 * PW)
-                                       : kind == P_FP8 ? (const void *)((const uint8_t *)p + q * ps + k0 * PW)
-                                                       : (const void *)((const float *)p + q * ps + k0 * PW);
+                    const void *slab = (const char *)p + (q * ps + k0 * PW) * size;
                     const int narrow = m <= (kind == P_FP8 ? FP8_WIDEN_ROWS : WIDEN_ROWS) ? kind : P_F32;
                     if (kind == P_FP8 && narrow == P_F32) { /* e4m3: widened once to value * scale */
                         widen_fp8_panel(slab, kc, scale, wide);
                         slab = wide;
-                    } else if (bf16 && narrow == P_F32) { /* widened once for all the rows */
+                    } else if (kind == P_BF16 && narrow == P_F32) { /* widened once for all the rows */
                         for (int64_t k = 0; k < kc; k++) {
                             __m256 v[3];
                             bf16_panel_row((const uint16_t *)slab + PW * k, v);
@@ -1327,57 +1325,53 @@ static inline __m128i row16(const char *r, int64_t at) {
     return r ? _mm_loadu_si128((const __m128i *)(r + at)) : _mm_setzero_si128();
 }
 
-/* dst [lead Q, K, 24] = src [lead, out, K] in panels of 24 outputs (bytes; the last panel's missing outputs
-   zero). 0. */
-int panel_bytes(const uint8_t *src, uint8_t *dst, int64_t lead, int64_t out, int64_t K) {
-    for (int64_t pq = 0; pq < lead * ((out + PW - 1) / PW); pq++) {
-        const char *r[PW];
-        panel_rows((const char *)src, 1, pq, out, K, r);
-        uint8_t *to = dst + pq * K * PW;
-        int64_t k = 0;
-        for (; k + 16 <= K; k += 16) {
-            __m128i a[16], e[8], last[16];
-            for (int i = 0; i < 16; i++) a[i] = row16(r[i], k);
-            for (int i = 0; i < 8; i++) e[i] = row16(r[16 + i], k);
-            transpose16x16(a);
-            transpose8x16(e, last);
-            for (int j = 0; j < 16; j++) {
-                _mm_storeu_si128((__m128i *)(to + (k + j) * PW), a[j]);
-                _mm_storel_epi64((__m128i *)(to + (k + j) * PW + 16), last[j]);
-            }
-        }
-        for (; k < K; k++)
-            for (int i = 0; i < PW; i++) to[k * PW + i] = r[i] ? (uint8_t)r[i][k] : 0;
+/* 16 inputs of a panel's 24 rows of bytes r[] from input k -> 16 panel rows at `to`. */
+static inline void panel_block_bytes(const char *const r[PW], int64_t k, uint8_t *to) {
+    __m128i a[16], e[8], last[16];
+    for (int i = 0; i < 16; i++) a[i] = row16(r[i], k);
+    for (int i = 0; i < 8; i++) e[i] = row16(r[16 + i], k);
+    transpose16x16(a);
+    transpose8x16(e, last);
+    for (int j = 0; j < 16; j++) {
+        _mm_storeu_si128((__m128i *)(to + j * PW), a[j]);
+        _mm_storel_epi64((__m128i *)(to + j * PW + 16), last[j]);
     }
-    return 0;
 }
 
-/* panel_bytes for bf16 words, each panel row's first 16 columns in linear.BF16_COLUMNS' order (position
-   2c + h holds column 8h + c, as bf16_panel_row reads them). 0. */
-int panel_words(const uint16_t *src, uint16_t *dst, int64_t lead, int64_t out, int64_t K) {
+/* 8 inputs of a panel's 24 rows of bf16 words r[] from input k -> 8 panel rows at `to`, each row's first 16
+   columns in linear.BF16_COLUMNS' order (position 2c + h holds column 8h + c, as bf16_panel_row reads
+   them): columns 0-7 and 8-15 interleaved, then 16-23. */
+static inline void panel_block_words(const char *const r[PW], int64_t k, uint16_t *to) {
+    __m128i a[3][8];
+    for (int g = 0; g < 3; g++) {
+        for (int i = 0; i < 8; i++) a[g][i] = row16(r[8 * g + i], 2 * k);
+        transpose8x8w(a[g]);
+    }
+    for (int j = 0; j < 8; j++) {
+        _mm_storeu_si128((__m128i *)(to + j * PW), _mm_unpacklo_epi16(a[0][j], a[1][j]));
+        _mm_storeu_si128((__m128i *)(to + j * PW + 8), _mm_unpackhi_epi16(a[0][j], a[1][j]));
+        _mm_storeu_si128((__m128i *)(to + j * PW + 16), a[2][j]);
+    }
+}
+
+/* dst [lead Q, K, 24] = src [lead, out, K] in panels of 24 outputs (the last panel's missing outputs zero), of
+   1-byte elements (e4m3 codes) or 2-byte ones (bf16, in BF16_COLUMNS' order). 0; -1 for another size. */
+int panel_copy(const void *src, void *dst, int64_t lead, int64_t out, int64_t K, int64_t size) {
+    if (size != 1 && size != 2) return -1;
+    const int64_t block = size == 1 ? 16 : 8; /* inputs a transpose takes */
     for (int64_t pq = 0; pq < lead * ((out + PW - 1) / PW); pq++) {
         const char *r[PW];
-        panel_rows((const char *)src, 2, pq, out, K, r);
-        uint16_t *to = dst + pq * K * PW;
+        panel_rows((const char *)src, size, pq, out, K, r);
+        char *to = (char *)dst + pq * K * PW * size;
         int64_t k = 0;
-        for (; k + 8 <= K; k += 8) {
-            __m128i a[3][8];
-            for (int g = 0; g < 3; g++) {
-                for (int i = 0; i < 8; i++) a[g][i] = row16(r[8 * g + i], 2 * k);
-                transpose8x8w(a[g]);
-            }
-            for (int j = 0; j < 8; j++) { /* columns 0-7 and 8-15 interleaved, then 16-23 */
-                uint16_t *o = to + (k + j) * PW;
-                _mm_storeu_si128((__m128i *)o, _mm_unpacklo_epi16(a[0][j], a[1][j]));
-                _mm_storeu_si128((__m128i *)(o + 8), _mm_unpackhi_epi16(a[0][j], a[1][j]));
-                _mm_storeu_si128((__m128i *)(o + 16), a[2][j]);
-            }
-        }
-        for (; k < K; k++)
+        for (; k + block <= K; k += block)
+            if (size == 1) panel_block_bytes(r, k, (uint8_t *)to + k * PW);
+            else panel_block_words(r, k, (uint16_t *)to + k * PW);
+        for (; k < K; k++) /* the last K % block inputs one at a time */
             for (int c = 0; c < PW; c++) {
-                uint16_t v = 0;
-                if (r[c]) memcpy(&v, r[c] + 2 * k, 2);
-                to[k * PW + (c < 16 ? 2 * (c % 8) + c / 8 : c)] = v;
+                const int at = size == 2 && c < 16 ? 2 * (c % 8) + c / 8 : c;
+                if (r[c]) memcpy(to + (k * PW + at) * size, r[c] + k * size, (size_t)size);
+                else memset(to + (k * PW + at) * size, 0, (size_t)size);
             }
     }
     return 0;

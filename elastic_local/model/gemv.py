@@ -60,8 +60,7 @@ _SIGNATURES = {
     "gemm_p_bf16": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
     "gemm_p_bf16x": [_P, _P, _P, _I, _I, _I, _I, _I, _C],
     "gemm_p8_bf16x": [_P, _P, _P, _I, _I, _I, _I, _I, _F, _C],
-    "panel_bytes": [_P, _P, _I, _I, _I],
-    "panel_words": [_P, _P, _I, _I, _I],
+    "panel_copy": [_P, _P, _I, _I, _I, _I],
     "gemm_packed_bf16x": [_C, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _C],
     "bf16_dot": [],
     "gemv_bf16": [_P, _P, _P, _I, _I, _I, _I, _C],
@@ -355,16 +354,14 @@ def fp8_panels(x: Tensor, p: Tensor, skip: int, n: int, scale: float) -> Tensor:
 
 def panel_copy(w: Tensor, p: Tensor) -> bool:
     """p [.., panels, in, 24] = w [.., out, in] in panels of 24 outputs, for a 1-byte (e4m3 codes) or a bf16
-    weight (its columns in linear.BF16_COLUMNS' order): gemv.c's panel_bytes / panel_words, a load's
-    repacking at 1.7-3.6x torch's strided copy. False where it cannot (no kernels, another dtype, not
-    contiguous on the CPU): the caller copies."""
-    one = w.element_size() == 1
-    if (library() is None or w.device.type != "cpu" or not (one or w.dtype == torch.bfloat16)
+    weight (its columns in linear.BF16_COLUMNS' order): gemv.c's panel_copy, a load's repacking at 1.7-3.6x
+    torch's strided copy. False where it cannot (no kernels, another dtype, not contiguous on the CPU): the
+    caller copies."""
+    if (library() is None or w.device.type != "cpu" or not (w.element_size() == 1 or w.dtype == torch.bfloat16)
             or not w.is_contiguous() or not p.is_contiguous()):
         return False
     out, k = w.shape[-2:]
-    copy = _library.panel_bytes if one else _library.panel_words
-    copy(w.data_ptr(), p.data_ptr(), w.numel() // max(out * k, 1), out, k)
+    _library.panel_copy(w.data_ptr(), p.data_ptr(), w.numel() // max(out * k, 1), out, k, w.element_size())
     return True
 
 
