@@ -200,16 +200,33 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if args.margin_gib is not None and not 0 <= args.margin_gib < 2**20:
         raise ValueError(f"--margin-gib {args.margin_gib}: expected a size in GiB >= 0")
     margin = None if args.margin_gib is None else int(args.margin_gib * 2**30)
-    p = fit.plan_checkpoint(args.dir, get_profile(args.profile), context=args.context, caches=args.caches,
-                            margin_bytes=margin)
+    profile = get_profile(args.profile)
+    p = fit.plan_checkpoint(args.dir, profile, context=args.context, caches=args.caches, margin_bytes=margin)
     if args.json:
         print(json.dumps(fit.fit_report(args.dir, p), indent=2))
-        return 0
-    print(f"{fit.summary(p)}\n\n{render_plan(p)}")
-    steps = fit.next_steps(args.dir, p)
-    if steps:
-        print("\nnext:\n" + "\n".join(f"  {line}" for line in steps))
+    else:
+        print(f"{fit.summary(p)}\n\n{render_plan(p)}")
+        steps = fit.next_steps(args.dir, p)
+        if steps:
+            print("\nnext:\n" + "\n".join(f"  {line}" for line in steps))
+    if args.profile == "auto" and profile.kind == "cpu":
+        _build_cpu_kernels()
     return 0
+
+
+def _build_cpu_kernels() -> None:
+    """Build the CPU decode kernels if this install has not yet (model/gemv.py): `fit` is the README's first
+    command, so the first chat after an install starts without the build's seconds (bench_cold_start.py).
+    Said on stderr, which leaves `--json`'s output whole."""
+    from .model import gemv
+
+    if gemv.prebuild() is None:  # built before, or not for this CPU
+        return
+    print("\nbuilding the CPU decode kernels (once per install; the first chat then starts without it)...",
+          end="", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    built = gemv.library() is not None  # waits; a failed build warns why and decode falls back to torch
+    print(f" done in {time.perf_counter() - start:.1f} s" if built else " failed (above)", file=sys.stderr)
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:

@@ -109,6 +109,24 @@ def test_human_output_leads_with_the_pick(no_user_profiles, capsys):
     assert rc == 0 and "runs nothing" in out and "with --context" in out
 
 
+def test_fit_on_this_machine_builds_the_cpu_kernels_once(no_user_profiles, capsys, monkeypatch):
+    """The README's first command leaves the CPU decode kernels built, so the first chat after an install
+    does not wait for them; said on stderr, so `--json` prints JSON alone; the next `fit` builds nothing."""
+    from elastic_local.model import gemv
+
+    if not gemv.runs_here():
+        pytest.skip("the kernels are for x86 CPUs with AVX2 and a C compiler")
+    monkeypatch.setattr(gemv, "_library", False)  # as in a fresh process
+    assert not gemv.library_path().exists()
+    rc, out, err = run_cli(capsys, "fit", "--json")
+    assert rc == 0 and json.loads(out)["profile"]["kind"] == "cpu"
+    assert "building the CPU decode kernels" in err and "done in" in err
+    assert gemv.library_path().is_file() and gemv.library() is not None
+    monkeypatch.setattr(gemv, "_library", False)
+    rc, out, err = run_cli(capsys, "fit")
+    assert rc == 0 and out.startswith("This machine") and "building" not in err
+
+
 def test_shipped_description_is_a_valid_nested_table():
     cfg = NemotronHConfig.from_dir(fit.STAR_ELASTIC)
     budgets = read_budgets(cfg)  # 16-aligned cuts, nested, largest first
