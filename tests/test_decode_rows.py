@@ -1,6 +1,7 @@
 """A batch's decode step in C (step.c's decode_rows, `DecodeStep.rows`): rows at their own positions, one
 product per weight for all of them, against transformers from scratch, against each row alone, on any thread
-count; and a short prompt as the rows of one step (`DecodeStep.prefill`), against its tokens one at a time."""
+count; a short prompt as the rows of one step (`DecodeStep.prefill`), and rows catching up beside rows that
+decode (`DecodeStep.sequences`), against their tokens one at a time."""
 
 from dataclasses import replace
 
@@ -130,15 +131,55 @@ def test_a_generation_of_several_prompts_decodes_its_batch_in_c_rows(tmp_path, m
 
     m = elastic_model(tmp_path, seed=3)
     prompts = [m.chat_prompt("a"), m.chat_prompt("a longer question than that"), m.chat_prompt("no", think=False)]
-    request = Request(think_budget="small", answer_budget="full", max_think_tokens=6, max_answer_tokens=5,
+    request = Request(think_budget="small", answer_budget="full", max_think_tokens=6, max_answer_tokens=12,
                       ignore_eos=True, think_close="ok.")
-    rows: list[int] = []
-    monkeypatch.setattr(step.DecodeStep, "rows", lambda self, tokens, *a, _rows=step.DecodeStep.rows:
-                        rows.append(len(tokens)) or _rows(self, tokens, *a))
+    steps: list[list[int]] = []
+    monkeypatch.setattr(step.DecodeStep, "sequences", lambda self, seqs, *a, _run=step.DecodeStep.sequences:
+                        steps.append([len(s) for s in seqs]) or _run(self, seqs, *a))
     together = Generation(m, prompts, request).collect()
-    assert rows and max(rows) >= 2  # rows on one budget at a time: the sub-batches of a step
+    assert max(map(len, steps)) >= 2  # rows on one budget at a time: the sub-batches of a step
+    assert any(max(s) > 1 and s.count(1) for s in steps)  # rows caught up beside a row that decoded
     for p, r in zip(prompts, together):
         assert r.ids == Generation(m, [p], request).collect()[0].ids
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_catching_up_beside_decoding_rows_get_the_bits_of_their_tokens_one_at_a_time(nested_tails, dtype,
+                                                                                           threads):
+    """A step of rows that decode (one token) and rows that catch up (a whole prompt into a row that just
+    joined, the tokens that close thinking, the most one row may take): every row's last logits and the
+    states it leaves are those of its tokens decoded one at a time alone, on every budget; the rows the
+    step does not name keep theirs."""
+    m = elastic_local.load(nested_tails, dtype=dtype)
+    g = torch.Generator().manual_seed(10)
+    prompts = [torch.randint(0, 96, (n,), generator=g) for n in (5, 9, 2, 7, 4)] + [torch.tensor([], dtype=torch.long)]
+    feeds = [[11], [3, 4, 5], torch.randint(0, 96, (step.PREFILL_ROWS,), generator=g).tolist(), [12], None,
+             torch.randint(0, 96, (17,), generator=g).tolist()]  # row 4 is not in the step; row 5 joins empty
+    rows = [r for r, f in enumerate(feeds) if f is not None]
+    for b in (m.budget(name) for name in m.budgets):
+        with torch.inference_mode():
+            cache = HybridCache.stack([prefilled(m.net, b, prompts[:-1]), m.net.new_cache(budget=b)])
+            untouched = [{n: getattr(s, n)[4].clone() for n in vars(s)} for s in cache.layers if s is not None]
+            got = m.net.advance_rows([feeds[r] for r in rows], cache, rows)
+            assert cache.lengths == [len(p) + len(f or []) for p, f in zip(prompts, feeds)]
+            for j, r in enumerate(rows):
+                alone = m.net.new_cache(budget=b)
+                if len(prompts[r]):
+                    m.net.forward(prompts[r][None], cache=alone)
+                want = [m.net.decode_token(t, alone)[0] for t in feeds[r]][-1]
+                assert torch.equal(got[j], want), (b.name, r)
+                for x, y in ((x, y) for x, y in zip(cache.layers, alone.layers) if x is not None):
+                    for name in vars(x):
+                        a, c = getattr(x, name)[r], getattr(y, name)[0]
+                        if name in ("k", "v"):
+                            a, c = a[:, :alone.lengths[0]], c[:, :alone.lengths[0]]
+                        assert torch.equal(a, c), (b.name, r, name)
+            for before, s in zip(untouched, (s for s in cache.layers if s is not None)):
+                for name, t in before.items():
+                    have = getattr(s, name)[4]
+                    assert torch.equal(have[:, :t.shape[1]] if name in ("k", "v") else have, t), name
+    with torch.inference_mode(), pytest.raises(ValueError, match="1 to 64 a row"):
+        m.net.advance_rows([[1] * (step.PREFILL_ROWS + 1)], cache, [0])
 
 
 def test_a_batch_step_without_scratch_memory_says_so_and_leaves_every_row_where_it_was(nested_tails):
@@ -194,7 +235,7 @@ def test_a_short_prompt_prefills_as_one_steps_rows_with_the_bits_of_its_tokens_o
 
 
 def test_some_rows_of_a_batch_decode_in_place_and_leave_the_others_to_the_bit(nested_tails):
-    """`NemotronH.decode_rows` (the engine's sub-batches: rows of one budget while others think on another)
+    """`NemotronH.advance_rows` (the engine's sub-batches: rows of one budget while others think on another)
     steps only the rows it names, where they lie in the batched cache: those rows get the logits they get
     alone, the other rows' states and lengths do not change."""
     m = elastic_local.load(nested_tails)
@@ -203,10 +244,10 @@ def test_some_rows_of_a_batch_decode_in_place_and_leave_the_others_to_the_bit(ne
     with torch.inference_mode():
         cache = prefilled(m.net, m.budget(), prompts)
         before = [{n: getattr(s, n).clone() for n in vars(s)} for s in cache.layers if s is not None]
-        got = m.net.decode_rows([11, 12], cache, [2, 0])
+        got = m.net.advance_rows([[11], [12]], cache, [2, 0])
         for tokens, rows in (([1, 2], [1, 1]), ([1], [4]), ([1, 2], [1])):  # a row twice, none such, a token short
             with pytest.raises(ValueError, match="tokens for rows"):
-                m.net.decode_rows(tokens, cache, rows)
+                m.net.advance_rows([[t] for t in tokens], cache, rows)
     assert cache.lengths == [6, 9, 3, 7]
     for r, t, row in ((2, 11, got[0]), (0, 12, got[1])):
         assert torch.equal(row, alone_steps(m.net, m.budget(), prompts[r], torch.tensor([t]))[0])

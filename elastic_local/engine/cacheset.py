@@ -6,8 +6,10 @@ Each cache knows how many tokens of each row it has consumed. To give next-token
 position's logits. While decoding the gap is the one token just sampled; when a budget takes over — the
 row's phase changed, or a live switch asked for another budget — the gap is everything since it last
 ran (for a fresh budget or a row that just joined: the whole prompt). Catch-up is exact: the logits are
-those of the budget run from scratch on the sequence, at the cost of one prefill of the gap; rows
-catching up run alone (they sit at different positions), rows one token behind decode together.
+those of the budget run from scratch on the sequence, at the cost of one prefill of the gap. Rows one
+token behind decode together; on a CPU a row's short catch-up (up to step.PREFILL_ROWS tokens: a joining
+row's prompt, the tokens that close thinking) runs in the same C step as them, its states carried from
+token to token (`_together`); a longer one, or one that transplants, runs alone.
 `transplant` trades exactness for speed (caches.py explains how states are reused).
 
 Rows join (zeroed states, sized for their capacity) and leave (dropped from every cache) between steps,
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 from ..model.attention import KVCache
 from ..model.nemotron_h import HybridCache
 from ..model.sample import Params
+from ..model.step import PREFILL_ROWS
 from .caches import Session, put_rows, take_rows, transplant
 
 if TYPE_CHECKING:
@@ -106,6 +109,10 @@ class CacheSet:
             for s in cache.layers:
                 if isinstance(s, KVCache):
                     s.grow(max(len(seqs[j]) for j in catching))
+            if (out := self._together(budget, positions, seqs, gaps, transplant_ok)) is not None:
+                end = time.perf_counter()
+                caught = [Caught(g, False, end) if g > 1 else None for g in gaps]
+                return out, [end - t + made] * len(seqs), caught
         for j in catching:
             t = time.perf_counter()
             logits[j], ran, transplanted = self._catch_up(budget, positions[j], seqs[j], transplant_ok[j])
@@ -120,6 +127,19 @@ class CacheSet:
             for k, j in enumerate(decoding):
                 logits[j], seconds[j] = out[k], dt
         return (logits[0][None] if len(logits) == 1 else torch.stack(logits)), seconds, caught
+
+    def _together(self, budget: str, positions: list[int], seqs: list[list[int]], gaps: list[int],
+                  transplant_ok: list[bool]) -> torch.Tensor | None:
+        """Every row's logits from one C step in place, the rows that catch up taking their tokens beside the
+        ones that decode (each weight read once for all of them, no row copied out of the batch and back),
+        or None where a catching row must run alone: more than PREFILL_ROWS tokens, a transplant, a session's
+        snapshot. Each row gets the bits it gets alone, where the weights are panels."""
+        cache = self.caches[budget]
+        for p, s, g, ok in zip(positions, seqs, gaps, transplant_ok):
+            if g > 1 and (g > PREFILL_ROWS or ok and self._transplant_source(budget, p) is not None
+                          or self.mark is not None and len(s) - g < self.mark <= len(s)):
+                return None
+        return self.model.net.advance_rows([s[len(s) - g:] for s, g in zip(seqs, gaps)], cache, positions)
 
     def run_ahead(self, budget: str, seq: list[int], n: int, stops: frozenset[int],
                   halt: torch.Tensor | None, draw: tuple[Params, torch.Generator | None] | None) -> list[int] | None:
@@ -153,7 +173,7 @@ class CacheSet:
         ids = torch.tensor([[t] for t in last], device=self.model.device)
         if positions == list(range(cache.batch_size)):
             return self._forward(ids, cache)
-        if (out := self.model.net.decode_rows(last, cache, positions)) is not None:  # in place, on the CPU
+        if (out := self.model.net.advance_rows([[t] for t in last], cache, positions)) is not None:  # in place
             return out
         sub = take_rows(cache, positions)
         out = self._forward(ids, sub)

@@ -68,7 +68,7 @@ _SIGNATURES = {
     "gemv_nvfp4": [_P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _C],
     "decode_token": [_P, _I, _I, _P, _C],
     "decode_ahead": [_P, _I, _I, _I, _P, _I, _P, _P, _P, _P, _P, _C],
-    "decode_rows": [_P, _I, _P, _P, _P, _P, _I, _I, _P, _C],
+    "decode_rows": [_P, _I, _P, _P, _P, _P, _I, _P, _I, _P, _C],
     "sample_rows": [_P, _I, _I, _P, _P, _P, _P, _P],
     "norm_rows": [_P, _P, _I, _P, _P, _I, _I, _I, _I, _F, _C],
     "conv_prefill": [_P, _I, _I, _P, _P, _P, _P, _I, _I, _I, _I, _C, _C],

@@ -349,12 +349,13 @@ class NemotronH:
             return c_step(token, cache)
         return self.forward(torch.tensor([[token]], device=self.device), cache=cache)[:, -1]
 
-    def decode_rows(self, tokens: list[int], cache: HybridCache, rows: list[int]) -> torch.Tensor | None:
-        """Logits [len(rows), V] of one token for each of `rows` of a batched cache, in place (the C step's
-        rows: the other rows' states stay as they are, none copied out and back), or None where only
+    def advance_rows(self, seqs: list[list[int]], cache: HybridCache, rows: list[int]) -> torch.Tensor | None:
+        """Logits [len(rows), V] of `rows` of a batched cache, row rows[j] consuming seqs[j] (one token where
+        it decodes, up to step.PREFILL_ROWS where it catches up), each its last token's, in place in one C
+        step (the other rows' states stay as they are, none copied out and back), or None where only
         `forward` on those rows' own cache serves it."""
         if self.observer is None and (c_step := self._c_step(cache)) is not None:
-            return c_step.rows(tokens, cache, rows)
+            return c_step.sequences(seqs, cache, rows)
         return None
 
     def decode_ahead(self, token: int, cache: HybridCache, n: int, stops: Collection[int],

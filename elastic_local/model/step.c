@@ -1358,11 +1358,14 @@ static void run_rows(const product *p) {
 
 /* What a batch's blocks read beside the step: R rows, row r's token at position pos[r], its states those of
    the cache's row index[r] (r where index is NULL), rows stride[i] bytes apart (state i of the step's table:
-   the batched cache's [B, ...] tensors). */
+   the batched cache's [B, ...] tensors). The rows are S sequences' tokens, in order: rows [start[j],
+   start[j + 1]) sequence j's (a prompt, a catch-up: its states carry from row to row; one row where it
+   decodes). */
 typedef struct {
     int64_t R;
     const int64_t *pos, *stride, *index;
-    int64_t seq; /* the rows are one sequence's tokens, in order (a prompt): its states carry from row to row */
+    int64_t S;
+    const int64_t *start;
 } batch;
 
 static inline void *row_state(const step *s, const batch *b, int64_t i, int64_t r) {
@@ -1398,8 +1401,8 @@ static void mamba_rows(const mamba *L, const step *s, const batch *b, int64_t i,
     }
     meet(me);
     #pragma omp for schedule(static) nowait
-    for (int64_t u = 0; u < (b->seq ? G : R * G); u++) { /* a sequence's rows: a group's, one after another */
-        const int64_t g = u % G, first = b->seq ? 0 : u / G, last = b->seq ? R : first + 1;
+    for (int64_t u = 0; u < b->S * G; u++) { /* a (sequence, group): the sequence's rows one after another */
+        const int64_t g = u % G, first = b->start[u / G], last = b->start[u / G + 1];
         for (int64_t q0 = first; q0 < last; q0++) {
             float *z = ZXD + q0 * row, *xbc = z + kp, *dt = xbc + C, *y = Y + q0 * kp;
             void *conv = row_state(s, b, 2 * i, q0);
@@ -1446,7 +1449,7 @@ static void attention_rows(const attention *L, const step *s, const batch *b, in
             else ((float *)kc)[at] = kn[c], ((float *)vc)[at] = vn[c];
         }
     }
-    if (b->seq) meet(me); /* a sequence's later rows read its earlier rows' keys and values */
+    if (b->S < R) meet(me); /* a sequence's later rows read its earlier rows' keys and values */
     #pragma omp for schedule(static) nowait
     for (int64_t u = 0; u < R * KV; u++) {
         const int64_t q0 = u / KV, g = u % KV, pos = b->pos[q0], T = pos + 1;
@@ -1564,15 +1567,18 @@ static int64_t rows_scratch(const step *s, int64_t i, int64_t R) {
     }
 }
 
-/* One token for each of R sequences (a batch's decode step): row r's token tokens[r] at position pos[r],
-   its states at the step's state table's pointers plus index[r] (or r) * stride[i] bytes (row 0's: the
-   batched cache's [B, ...] tensors; index: some of its rows, in place), its logits into logits [R, V]. Each product runs once on all the rows (a weight is
-   read once a step, not once a row); the work of a row's own (convolution, scan, attention, routing)
-   is shared among the threads a (row, group / KV head) at a time. One parallel region, as run_tokens. A
-   row's logits have the bits it gets alone where the weights are panels (run_rows); otherwise they agree
-   to rounding. 0, or -1 where the scratch could not be allocated. */
+/* R tokens of S sequences in one step (a batch's decode step, a prompt, or both at once): row r's token
+   tokens[r] at position pos[r], its states at the step's state table's pointers plus index[r] (or r) *
+   stride[i] bytes (row 0's: the batched cache's [B, ...] tensors; index: some of its rows, in place);
+   rows [start[j], start[j + 1]) are sequence j's tokens in order.
+   Its logits into logits [R, V], or with `last` each sequence's last row's into [S, V]. Each product runs
+   once on all the rows (a weight is read once a step, not once a row); the work of a sequence's own
+   (convolution, scan, attention, routing) is shared among the threads a (sequence or row, group / KV
+   head) at a time. One parallel region, as run_tokens. A row's logits have the bits it gets alone where
+   the weights are panels (run_rows); otherwise they agree to rounding. 0, or -1 where the scratch could
+   not be allocated. */
 int decode_rows(const step *s, int64_t R, const int64_t *tokens, const int64_t *pos, const int64_t *stride,
-                const int64_t *index, int64_t seq, int64_t last, float *logits, int threads) {
+                const int64_t *index, int64_t S, const int64_t *start, int64_t last, float *logits, int threads) {
     const int64_t d = s->d, V = s->lm_head->out, team = threads > 1 ? threads : 1;
     int64_t shared = 0, part = 0, routes = 0;
     for (int64_t i = 0; i < s->n; i++) {
@@ -1593,7 +1599,7 @@ int decode_rows(const step *s, int64_t R, const int64_t *tokens, const int64_t *
     if (!H) return -1;
     float *sh = H + LINE(R * d), *mine = sh + LINE(shared), *wts = mine + team * each;
     int64_t *ids = (int64_t *)(wts + LINE(routes)); /* [routes], two floats' room each */
-    const batch b = {R, pos, stride, index, seq};
+    const batch b = {R, pos, stride, index, S, start};
     const unsigned int csr = _mm_getcsr(); /* as run_tokens: every thread in the caller's float mode */
     meeting all = {0, 0};
     #pragma omp parallel num_threads(threads)
@@ -1620,9 +1626,10 @@ int decode_rows(const step *s, int64_t R, const int64_t *tokens, const int64_t *
             }
             meet(&me);
         }
-        const int64_t from = last ? R - 1 : 0; /* `last`: the last row's logits only (a prompt's) */
-        norm_all(H + from * d, s->norm, X, R - from, d, s->eps);
-        product head = {s->lm_head, X, logits, .m = R - from, .ldy = V};
+        const int64_t out = last ? b.S : R; /* `last`: each sequence's last row's logits only */
+        for (int64_t j = 0; j < out; j++)
+            rms_norm(H + (last ? start[j + 1] - 1 : j) * d, s->norm, X + j * d, d, s->eps);
+        product head = {s->lm_head, X, logits, .m = out, .ldy = V};
         products(&me, &head, 1);
         _mm_setcsr(own_csr);
     }

@@ -23,6 +23,7 @@ parts, so only a foreign weight type ends here), or a CPU without the decode ker
 from __future__ import annotations
 
 import ctypes
+import itertools
 import logging
 import threading
 import time
@@ -268,7 +269,7 @@ class DecodeStep:
     def __call__(self, token: int, cache: HybridCache) -> Tensor:
         logits = torch.empty(1, self.lm_head.out)
         with self._lock:
-            pos = self._prepare([token], cache, 1)
+            pos = self._prepare([token], cache, cache.lengths[0] + 1)
             count, _ = self._threads(1)
             start = time.perf_counter()
             if self.lib.decode_token(self._args, token, pos, logits.data_ptr(), count):
@@ -315,7 +316,7 @@ class DecodeStep:
         with self._lock:
             count, n = self._threads(n)  # a count timed for a few tokens: fewer than n
             out, u = (_I * n)(), None if draw is None else sample.Uniforms(n, draw[1])
-            pos = self._prepare([token], cache, n)
+            pos = self._prepare([token], cache, cache.lengths[0] + n)
             start = time.perf_counter()
             ran = self.lib.decode_ahead(self._args, token, pos, n, ends, len(stops),
                                         None if halt is None else halt.data_ptr(), params,
@@ -336,22 +337,35 @@ class DecodeStep:
         """Logits [R, V] of one token for each of a batched cache's R rows (`rows` of them, in place, or all),
         each at its own position (step.c's decode_rows: every product once for all the rows); the cache
         consumes them."""
+        return self.sequences([[t] for t in tokens], cache, rows)
+
+    def sequences(self, seqs: list[list[int]], cache: HybridCache, rows: list[int] | None = None) -> Tensor:
+        """Logits [S, V], each of its sequence's last token, of S rows of a batched cache (`rows` of them, in
+        place, or all) taking their next tokens in one step: `seqs[j]` is what row rows[j] consumes, one
+        token where it decodes, up to PREFILL_ROWS where it catches up (a short prompt, the tokens that
+        close thinking) beside the others (step.c's decode_rows: every product once for all the tokens,
+        each row's states carried from token to token). Each row's logits are the bits of its tokens run
+        alone, where the weights are panels."""
         rows = list(range(cache.batch_size)) if rows is None else rows
-        if len(tokens) != len(rows) or len(set(rows)) != len(rows) or not set(rows) <= set(range(cache.batch_size)):
-            raise ValueError(f"{len(tokens)} tokens for rows {rows} of a cache of {cache.batch_size}")
-        logits = torch.empty(len(rows), self.lm_head.out)
-        pos = [cache.lengths[r] for r in rows]
+        if (len(seqs) != len(rows) or len(set(rows)) != len(rows) or not set(rows) <= set(range(cache.batch_size))
+                or not all(0 < len(s) <= PREFILL_ROWS for s in seqs)):
+            raise ValueError(f"{[len(s) for s in seqs]} tokens for rows {rows} of a cache of {cache.batch_size} "
+                             f"(1 to {PREFILL_ROWS} a row)")
+        tokens = [t for s in seqs for t in s]
+        pos = [cache.lengths[r] + k for r, s in zip(rows, seqs) for k in range(len(s))]
+        logits = torch.empty(len(seqs), self.lm_head.out)
         with self._lock:
-            self._prepare(tokens, cache, 1)
+            self._prepare(tokens, cache, max(cache.lengths[r] + len(s) for r, s in zip(rows, seqs)))
             layers, strides = cache.layers, (_I * (2 * len(self.blocks)))()
             for j, (i, kind, _) in enumerate(self.blocks):
                 s = layers[i]
                 a, b = (s.conv, s.ssm) if kind == "M" else (s.k, s.v) if kind == "*" else (None, None)
                 if a is not None:
                     strides[2 * j], strides[2 * j + 1] = (t.stride(0) * t.element_size() for t in (a, b))
-            self._decode_rows(tokens, pos, strides, rows, sequence=False, last_only=False, logits=logits)
-        for r, p in zip(rows, pos):
-            cache.lengths[r] = p + 1
+            index = [r for r, s in zip(rows, seqs) for _ in s]
+            self._decode_rows(tokens, pos, strides, index, [len(s) for s in seqs], last_only=True, logits=logits)
+        for r, s in zip(rows, seqs):
+            cache.lengths[r] += len(s)
         return logits
 
     def prefill(self, tokens: list[int], cache: HybridCache, last_only: bool) -> Tensor:
@@ -363,34 +377,36 @@ class DecodeStep:
         assert 0 < R <= PREFILL_ROWS, R
         logits = torch.empty(1 if last_only else R, self.lm_head.out)
         with self._lock:
-            pos = self._prepare(tokens, cache, R)
+            pos = self._prepare(tokens, cache, cache.lengths[0] + R)
             strides = (_I * (2 * len(self.blocks)))()  # every row the one sequence's states
-            self._decode_rows(tokens, list(range(pos, pos + R)), strides, None, sequence=True, last_only=last_only,
+            self._decode_rows(tokens, list(range(pos, pos + R)), strides, None, [R], last_only=last_only,
                               logits=logits)
         cache.lengths = [pos + R]
         return logits[None]
 
-    def _decode_rows(self, tokens: list[int], positions: list[int], strides: ctypes.Array, rows: list[int] | None,
-                     *, sequence: bool, last_only: bool, logits: Tensor) -> None:
-        """step.c's decode_rows on the prepared cache (its `rows`, or all; `sequence`: the tokens are one
-        sequence's), on torch's thread count and its shares, into logits [R, V] (`last_only`: [1, V])."""
-        R = len(tokens)
-        index = None if rows is None else (_I * R)(*rows)
+    def _decode_rows(self, tokens: list[int], positions: list[int], strides: ctypes.Array, index: list[int] | None,
+                     lengths: list[int], *, last_only: bool, logits: Tensor) -> None:
+        """step.c's decode_rows on the prepared cache: token r into the cache's row index[r] (or the cache's
+        one row), the tokens `lengths` sequences' in order, on torch's thread count and its shares, into
+        logits [R, V] (`last_only`: each sequence's last token's, [S, V])."""
+        R, S = len(tokens), len(lengths)
+        starts = (_I * (S + 1))(0, *itertools.accumulate(lengths))
+        rows = None if index is None else (_I * R)(*index)
         self.args.balance = ctypes.addressof(self.balance(torch.get_num_threads()))
-        if self.lib.decode_rows(self._args, R, (_I * R)(*tokens), (_I * R)(*positions), strides, index,
-                                int(sequence), int(last_only), logits.data_ptr(), torch.get_num_threads()):
+        if self.lib.decode_rows(self._args, R, (_I * R)(*tokens), (_I * R)(*positions), strides, rows, S, starts,
+                                int(last_only), logits.data_ptr(), torch.get_num_threads()):
             raise _out_of_memory(max(positions))
 
-    def _prepare(self, tokens: list[int], cache: HybridCache, n: int) -> int:
-        """Point the step at `cache`, its K / V caches grown for `n` more tokens of every row (`tokens`, one a
-        row, checked first); the position row 0's token takes."""
+    def _prepare(self, tokens: list[int], cache: HybridCache, end: int) -> int:
+        """Point the step at `cache`, its K / V caches grown to hold `end` positions (the furthest a row's
+        tokens reach: one row's catch-up must not grow a batch's caches by its length), the tokens checked
+        first; the position row 0's token takes."""
         for token in tokens:
             if not 0 <= token < self.embed.shape[0]:
                 raise IndexError(f"token id {token} is outside the vocabulary (0..{self.embed.shape[0] - 1})")
         pos, state, layers = cache.lengths[0], self.state, cache.layers
         if self._bound is None or self._bound() is not cache:
             self._bind(cache)
-        end = max(cache.lengths) + n
         for j, i in self.attention:
             s = layers[i]
             if s.k.shape[2] < end:
