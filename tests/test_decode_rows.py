@@ -3,6 +3,7 @@ product per weight for all of them, against transformers from scratch, against e
 count; a short prompt as the rows of one step (`DecodeStep.prefill`), and rows catching up beside rows that
 decode (`DecodeStep.sequences`), against their tokens one at a time."""
 
+import time
 from dataclasses import replace
 
 import pytest
@@ -180,6 +181,27 @@ def test_rows_catching_up_beside_decoding_rows_get_the_bits_of_their_tokens_one_
                     assert torch.equal(have[:, :t.shape[1]] if name in ("k", "v") else have, t), name
     with torch.inference_mode(), pytest.raises(ValueError, match="1 to 64 a row"):
         m.net.advance_rows([[1] * (step.PREFILL_ROWS + 1)], cache, [0])
+
+
+def test_rows_that_prefill_in_one_step_are_each_charged_their_tokens_share_of_it(tmp_path):
+    """Prompts that join together prefill in one C step; each row's prefill seconds (its CatchUp, what the
+    batch's Admission leaves out of decoding) are its tokens' share of that step, so they add up to the
+    step, not to once the step per row."""
+    from gen_util import elastic_model
+
+    from elastic_local.engine.events import CatchUp
+    from elastic_local.engine.generate import Generation, Request
+
+    m = elastic_model(tmp_path, seed=3)
+    prompts = [m.chat_prompt(q, think=False) for q in ("a", "a longer question than that", "no")]
+    gen = Generation(m, prompts, Request(max_answer_tokens=3, ignore_eos=True))
+    start = time.perf_counter()
+    caught = [e for e in gen.step() if isinstance(e, CatchUp)]
+    took = time.perf_counter() - start
+    assert [c.tokens for c in caught] == [len(p) for p in prompts] and all(c.prefill for c in caught)
+    assert sum(c.seconds for c in caught) <= took
+    for c in caught:
+        assert c.seconds / caught[0].seconds == pytest.approx(c.tokens / caught[0].tokens)
 
 
 def test_a_batch_step_without_scratch_memory_says_so_and_leaves_every_row_where_it_was(nested_tails):

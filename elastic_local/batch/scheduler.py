@@ -5,9 +5,10 @@
 
 A request joins when the batch has fewer rows than it may hold (`max_batch`, or one where rows decode
 faster one at a time: Admission) and the caches, with it, stay within the memory the fit planner leaves for
-them (Memory). It joins by a prefill of its prompt alone, then decodes with the others; rows on different
-budgets decode as separate sub-batches of the same step. Each row keeps its own Request (budgets, limits,
-sampling, stops), so a row's tokens are those it gets alone.
+them (Memory). It joins by a prefill of its prompt (on a CPU, up to 64 tokens in the step where the others
+decode; a longer one alone), then decodes with the others; rows on different budgets decode as separate
+sub-batches of the same step. Each row keeps its own Request (budgets, limits, sampling, stops), so a
+row's tokens are those it gets alone.
 
 Cache memory is rectangular: every budget taking part keeps a cache of every running row, sized for the
 longest row's capacity (prompt + think and answer limits + closing text), and it only shrinks when the
@@ -75,8 +76,9 @@ class Admission:
     PROBE_S of decoding is timed, then batched until as much is; from then on the batch admits up to
     `max_batch` rows, or one where alone was faster. The rows timed batched run batched to their end
     whatever the verdict, so that batch holds at most a quarter of the jobs then waiting: a file of 40 on
-    the demo model no longer committed its last 30 to it. Prefills are left out of both (a row prefills
-    alone either way); the tokens are the same at any batch size. `fixed`: always up to `max_batch`."""
+    the demo model no longer committed its last 30 to it. Prefills are left out of both (a prefill in a
+    batched step counts its tokens' share of the step); the tokens are the same at any batch size. `fixed`:
+    always up to `max_batch`."""
 
     def __init__(self, fixed: bool = False, probe_s: float = PROBE_S):
         self.fixed, self.probe_s = fixed, probe_s

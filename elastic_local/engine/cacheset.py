@@ -110,9 +110,12 @@ class CacheSet:
                 if isinstance(s, KVCache):
                     s.grow(max(len(seqs[j]) for j in catching))
             if (out := self._together(budget, positions, seqs, gaps, transplant_ok)) is not None:
+                # a catching row is charged its tokens' share of the call (what its prefill alone is left
+                # out of: Admission, a row's phase time), a decoding row the whole call
                 end = time.perf_counter()
-                caught = [Caught(g, False, end) if g > 1 else None for g in gaps]
-                return out, [end - t + made] * len(seqs), caught
+                spent, tokens = end - t, sum(gaps)
+                seconds = [spent * g / tokens if g > 1 else spent for g in gaps]
+                return out, seconds, [Caught(g, False, end) if g > 1 else None for g in gaps]
         for j in catching:
             t = time.perf_counter()
             logits[j], ran, transplanted = self._catch_up(budget, positions[j], seqs[j], transplant_ok[j])
