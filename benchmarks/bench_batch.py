@@ -23,7 +23,9 @@ The model: the embedded demo model (`elastic_local.load()`) when it is installed
    the first jobs' timing says batching is the faster (scheduler.Admission, what `elastic-local batch` runs);
    interleaved, `--reps` times (medians).
    Generated tokens per second of wall time, the ratio to one at a time, and how many requests came out
-   token for token identical to their run alone.
+   token for token identical to their run alone. `--catch-ups-alone` adds each fixed batch with every
+   catch-up (a joining prompt, the tokens that close thinking) in a call of its own, as before they ran
+   in the decoding rows' step, and prints together / alone.
 2. memory: in a fresh process, the model loaded in bf16 (what the planner plans for), the "mixed" file at
    the largest batch size; peak RSS while the batch runs (the peak reset after loading) against the
    planner's total for that budget at that batch size, context (the longest request's capacity) and
@@ -189,6 +191,18 @@ def bench_step(m, args) -> dict:
     return report
 
 
+@contextlib.contextmanager
+def catch_ups_alone():
+    """Every catch-up in a call of its own on a copy of its row, as before they joined the decoding rows'
+    step (`CacheSet._together` declining)."""
+    from unittest import mock
+
+    from elastic_local.engine.cacheset import CacheSet
+
+    with mock.patch.object(CacheSet, "_together", lambda self, *a: None):
+        yield
+
+
 def bench_throughput(m, args) -> dict:
     report = {}
     batched(m, jobs_for(m, "short", 2, True), 2)  # warm-up
@@ -196,13 +210,21 @@ def bench_throughput(m, args) -> dict:
         for budgets in ("largest", "cycled"):
             jobs = jobs_for(m, mix, args.requests, budgets == "cycled")
             sizes = [*args.batches, "adaptive"]  # adaptive: up to the largest, as the CLI runs (scheduler.Admission)
+            if args.catch_ups_alone:
+                sizes += [f"{b} alone" for b in args.batches]
             times: dict[str, list[float]] = {"alone": [], **{str(b): [] for b in sizes}}
             same = {}
             for _ in range(args.reps):  # interleaved: one run of each per rep, medians
                 s, alone = one_at_a_time(m, jobs)
                 times["alone"].append(s)
                 for b in sizes:
-                    s, out = batched(m, jobs, max(args.batches), False) if b == "adaptive" else batched(m, jobs, b)
+                    if b == "adaptive":
+                        s, out = batched(m, jobs, max(args.batches), False)
+                    elif isinstance(b, str):
+                        with catch_ups_alone():
+                            s, out = batched(m, jobs, int(b.split()[0]))
+                    else:
+                        s, out = batched(m, jobs, b)
                     times[str(b)].append(s)
                     same[b] = sum(out[k].ids == alone[k].ids for k in alone)
             tokens = sum(len(r.ids) - r.prompt_len for r in alone.values())
@@ -217,6 +239,11 @@ def bench_throughput(m, args) -> dict:
                   f"{row['one_at_a_time_tps']:6.1f} tok/s | " + " | ".join(
                       f"batch {b}: {v['tps']:6.1f} tok/s x{v['ratio']:.2f} ({v['identical']}/{len(jobs)} same)"
                       for b, v in row["batched"].items()), file=sys.stderr)
+            if args.catch_ups_alone:
+                row["catch_ups_together_over_alone"] = {
+                    b: median(times[f"{b} alone"]) / median(times[str(b)]) for b in args.batches}
+                print(f"{'':15} catch-ups in the decoding rows' step / alone: " + ", ".join(
+                    f"batch {b} x{r:.3f}" for b, r in row["catch_ups_together_over_alone"].items()), file=sys.stderr)
     return report
 
 
@@ -280,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--skip-throughput", action="store_true", help="the batched step alone")
+    ap.add_argument("--catch-ups-alone", action="store_true",
+                    help="also each fixed batch with every catch-up in a call of its own (before a9089b7)")
     ap.add_argument("--memory-case", nargs=3, metavar=("PATH", "REQUESTS", "BATCH"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.threads:
