@@ -174,9 +174,12 @@ def test_admission_times_alone_then_batched_and_keeps_the_faster():
     admission.add(4, 400, 0.06)
     assert admission.limit(8, 90) == 8  # 4167 tok/s batched over both steps: batched
     assert Admission(fixed=True).limit(8, 3) == 8 and Admission().limit(1, 100) == 1
-    small = Admission(probe_s=0.05)  # a short file: the batch timed holds a quarter of the jobs left
+    small = Admission(probe_s=0.05)  # a short file: the batch timed holds the jobs left, its size kept
     small.add(1, 100, 0.06)
-    assert small.limit(8, 12) == 3 and small.limit(8, 11) == 3 and small.limit(32, 4) == 3
+    assert small.limit(8, 5) == 5 and small.limit(8, 4) == 5
+    last = Admission(probe_s=0.05)  # one job left: a batch of two still times the batched steps
+    last.add(1, 100, 0.06)
+    assert last.limit(8, 1) == 2
 
 
 @pytest.mark.parametrize("alone_faster", [True, False])
