@@ -96,6 +96,39 @@ def test_any_configuration_decodes_a_batch_of_rows_at_their_own_positions_as_tra
             torch.testing.assert_close(got[r], hf_logits(hf, s[None])[0, n:], atol=1e-4, rtol=0)
 
 
+@given(cfg=configs(), lengths=st.lists(st.integers(0, 9), min_size=2, max_size=4),
+       takes=st.lists(st.integers(0, 7), min_size=4, max_size=4), seed=st.integers(0, 2**16))
+def test_any_configuration_steps_rows_that_catch_up_beside_rows_that_decode_as_transformers_does(cfg, lengths,
+                                                                                               takes, seed):
+    """Rows of a batched cache at their own lengths (0: a row that just joined) take 1 to 7 tokens each in
+    one step (on the CPU: step.c's decode_rows with S sequences, `NemotronH.advance_rows`; a take of 0
+    leaves the row out of the step), each row's last logits against transformers on its own sequence from
+    scratch."""
+    from elastic_local.model.nemotron_h import HybridCache
+
+    takes = takes[:len(lengths)]
+    assume(any(takes) and all(n + t > 0 for n, t in zip(lengths, takes)))
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = make_checkpoint(Path(tmp), seed=seed, **cfg)
+        m = elastic_local.load(tmp)
+        seqs = [ids_of(seed + r, 1, n + t)[0] for r, (n, t) in enumerate(zip(lengths, takes))]
+        rows = [r for r, t in enumerate(takes) if t]
+        with torch.inference_mode():
+            caches = []
+            for s, n in zip(seqs, lengths):
+                caches.append(m.new_cache())
+                if n:
+                    m.forward(s[None, :n], cache=caches[-1])
+            cache = HybridCache.stack(caches)
+            got = m.net.advance_rows([seqs[r][lengths[r]:].tolist() for r in rows], cache, rows)
+        if got is None:  # no C step here (another CPU): torch's layers serve batches, tested above
+            event("no C step")
+            return
+        assert cache.lengths == [n + t for n, t in zip(lengths, takes)]
+        for j, r in enumerate(rows):
+            torch.testing.assert_close(got[j], hf_logits(hf, seqs[r][None])[0, -1], atol=1e-4, rtol=0)
+
+
 @given(cfg=configs(quantizable=True), seed=st.integers(0, 2**16))
 def test_any_quantizable_configuration_nests_slices_quantizes_and_generates(cfg, seed):
     from transformers import NemotronHForCausalLM
