@@ -162,24 +162,20 @@ def test_admission_stays_within_the_memory_bound(m, monkeypatch):
     assert isinstance(out["huge"], LineError) and out["huge"].code == "out_of_memory"
 
 
-def test_admission_times_alone_then_batched_and_keeps_the_faster():
+def test_admission_times_a_whole_batch_then_alone_and_keeps_the_faster():
     admission = Admission(probe_s=0.05)
-    assert admission.limit(8, 100) == 1  # the first jobs run alone until 0.05 s of decoding is timed
-    admission.add(1, 100, 0.03)
-    assert admission.limit(8, 99) == 1
-    admission.add(1, 100, 0.03)  # 200 tokens in 0.06 s alone
-    assert admission.limit(8, 98) == 8  # now batched, until as much is timed
-    admission.add(4, 100, 0.06)
-    assert admission.limit(8, 90) == 1  # 1667 tok/s batched against 3333 alone: one at a time from here on
-    admission.add(4, 400, 0.06)
-    assert admission.limit(8, 90) == 8  # 4167 tok/s batched over both steps: batched
-    assert Admission(fixed=True).limit(8, 3) == 8 and Admission().limit(1, 100) == 1
-    small = Admission(probe_s=0.05)  # a short file: the batch timed holds the jobs left, its size kept
-    small.add(1, 100, 0.06)
-    assert small.limit(8, 5) == 5 and small.limit(8, 4) == 5
-    last = Admission(probe_s=0.05)  # one job left: a batch of two still times the batched steps
-    last.add(1, 100, 0.06)
-    assert last.limit(8, 1) == 2
+    assert admission.limit(8) == 8  # the first jobs run batched, as many as it may hold, until 0.05 s is timed
+    admission.add(4, 100, 0.03)
+    assert admission.limit(8) == 8
+    admission.add(4, 100, 0.03)  # 200 tokens in 0.06 s batched
+    assert admission.limit(8) == 1  # now alone (once the batch drains), until as much is timed
+    admission.add(1, 100, 0.02)
+    assert admission.limit(8) == 1
+    admission.add(1, 200, 0.04)  # 5000 tok/s alone against 3333 batched: one at a time from here on
+    assert admission.limit(8) == 1
+    admission.add(4, 800, 0.06)  # 8333 tok/s batched over both steps: batched
+    assert admission.limit(8) == 8
+    assert Admission(fixed=True).limit(8) == 8 and Admission().limit(1) == 1
 
 
 @pytest.mark.parametrize("alone_faster", [True, False])
@@ -196,12 +192,12 @@ def test_a_batch_holds_one_row_where_alone_decodes_faster(m, monkeypatch, alone_
              for i in range(24)]
     jobs = parse(lines, Checker.for_model(m).job)
     out = {job.custom_id: r for job, r in run_jobs(m, jobs, max_batch=4, admission=Rigged())}
-    assert len(out) == 24 and sizes[0] == 1  # the first job timed alone, then a batch timed
-    batched = sizes[sizes.index(4):]
-    if alone_faster:  # once that batch drained, one at a time
-        assert max(batched[batched.index(1):]) == 1
-    else:  # full while jobs wait (a lone step or two at the tail)
-        assert batched.count(4) > 2 * batched.count(1)
+    assert len(out) == 24 and sizes[0] == 4  # a whole batch timed first, then (once it drained) one row alone
+    after = sizes[sizes.index(1):]
+    if alone_faster:  # one at a time from then on
+        assert max(after) == 1
+    else:  # full again while jobs wait (lone steps while it was timed alone, and at the tail)
+        assert after.count(4) > 2 * after.count(1)
 
 
 def test_killed_with_sigkill_and_rerun_gives_every_custom_id_once(ckpt, tmp_path):

@@ -71,22 +71,22 @@ class Admission:
 
     Neither always wins. A lone row runs ahead in the C decode step, many tokens a call; a batch takes
     one C step a token for all its rows (step.c's decode_rows): on the demo model on a CPU, whose weights
-    sit in the caches, a file of short answers ran at 0.7-1.0x one at a time in fixed batches, while on a
-    136M model a batch of 8 made 1.6-2.6x (benchmarks/bench_batch.py, README). So the first jobs run alone until
-    PROBE_S of decoding is timed, then batched until as much is; from then on the batch admits up to
-    `max_batch` rows, or one where alone was faster. The batch timed is as large as it may be: a batch's
-    rate grows with its rows, so a small one misjudged it (a quarter of the jobs waiting, as before: on
-    16-request demo files 0.84-0.96x one at a time, where this gives 0.97-1.06x; 64 requests alike within
-    0.03). Its rows run batched to their end whatever the verdict, a cost bounded by the batch's rate (the
-    demo's slowest file in batches of 16: 0.90x). Prefills are left out of both (a prefill in a batched
-    step counts its tokens' share of the step); the tokens are the same at any batch size. `fixed`: always
-    up to `max_batch`."""
+    sit in the caches, a batch of 4 decodes short answers at 0.78-1.07x one at a time and a batch of 16 at
+    0.96-1.45x, while on a 136M model a batch of 8 makes 1.4-1.9x (benchmarks/bench_batch.py, README). So
+    the first jobs run batched, as many as it may hold (a batch's rate grows with its rows: timed at a
+    quarter of the jobs waiting, 2-4 rows of a short file, it misjudged the demo), until PROBE_S of
+    decoding is timed; then, once that batch has drained, alone until as much is; from then on the batch
+    admits up to `max_batch` rows, or one where alone was faster. Batched first, because batching wins
+    on most models and a short file is over before the verdict: on 16-request demo files, alone first ran
+    0.95-1.05x one at a time, batched first 0.93-1.40x, a fixed batch of 16 0.98-1.37x (one process,
+    alternated; on 64 requests the two orders within 0.03). Prefills are left out of both (a prefill in a
+    batched step counts its tokens' share of the step); the tokens are the same at any batch size.
+    `fixed`: always up to `max_batch`."""
 
     def __init__(self, fixed: bool = False, probe_s: float = PROBE_S):
         self.fixed, self.probe_s = fixed, probe_s
         self.alone = [0, 0.0]  # decoded tokens, seconds
         self.together = [0, 0.0]
-        self.probe_rows: int | None = None  # the batch timed, sized when its timing starts
 
     def add(self, rows: int, tokens: int, seconds: float) -> None:
         """A step of `rows` rows decoded `tokens` tokens in `seconds` (its prefills left out)."""
@@ -94,16 +94,12 @@ class Admission:
         tally[0] += tokens
         tally[1] += seconds
 
-    def limit(self, max_batch: int, waiting: int) -> int:
-        """The rows the batch may hold now (`waiting`: the jobs not admitted yet)."""
-        if self.fixed or max_batch == 1:
+    def limit(self, max_batch: int) -> int:
+        """The rows the batch may hold now."""
+        if self.fixed or max_batch == 1 or self.together[1] < self.probe_s:
             return max_batch
         if self.alone[1] < self.probe_s:
             return 1
-        if self.together[1] < self.probe_s:
-            if self.probe_rows is None:
-                self.probe_rows = min(max_batch, max(2, waiting))
-            return self.probe_rows
         return 1 if self.alone[0] * self.together[1] > self.together[0] * self.alone[1] else max_batch
 
 
@@ -126,7 +122,7 @@ def run_jobs(model: ElasticModel, jobs: list[Job], max_batch: int = 32, memory: 
         return {job.request.think_budget or largest, job.request.answer_budget or largest}
 
     while waiting or gen.rows:
-        while waiting and len(gen.active) < admission.limit(max_batch, len(waiting)):
+        while waiting and len(gen.active) < admission.limit(max_batch):
             job = waiting[0]
             if memory is not None and memory.room is not None:
                 cap = max(capacity, job.capacity)
