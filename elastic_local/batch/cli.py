@@ -121,7 +121,7 @@ def register(sub) -> None:
                    help="tokens a request may fill, prompt included (default: the model's max_position_embeddings)")
     p.add_argument("--max-batch", type=whole(1), default=32, metavar="N",
                    help="most requests decoding together (default 32; memory may allow fewer, and the "
-                        "first jobs' timing one: where one at a time decodes faster, as small models on a CPU do)")
+                        "first jobs' timing one: where one at a time decodes faster, as a tiny model on a CPU may)")
     p.add_argument("--dry-run", action="store_true", help="validate IN and name bad lines; load no model")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
     p.set_defaults(func=cmd_batch)
