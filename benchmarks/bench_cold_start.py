@@ -10,8 +10,10 @@ disk. A process records, from its own start (the parent's clock before it spawns
 `import` (`import elastic_local`), `load` (`elastic_local.load(DIR)`: the weights read, repacked into the
 CPU layout, the kernels waited for), `first` (a chat question streamed to its first Token: what the chat
 app's first reply waits for after its load) and `second` (a second reply's first token in the same
-process: warm in every way). DIR defaults to the embedded demo model. It prints each side's medians and
-the last line is one JSON object with every number.
+process: warm in every way). With `--app` (tmux needed), also the chat app: `elastic-chat [DIR]` started in
+a tmux pane until its chat screen shows (bench_chat.py's launch to ready), cold and warm alternated the
+same way. DIR defaults to the embedded demo model. It prints each side's medians and the last line is one
+JSON object with every number.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from statistics import median
 
 PHASES = ("import", "load", "first", "second")
@@ -62,6 +65,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="processes a side, alternated (default 5)")
     ap.add_argument("--budget")
     ap.add_argument("--precision")
+    ap.add_argument("--app", action="store_true", help="also elastic-chat's launch to ready, cold and warm (tmux)")
     ap.add_argument("--worker", type=float, help=argparse.SUPPRESS)  # the parent's clock at the spawn
     args = ap.parse_args()
     if args.worker is not None:
@@ -76,6 +80,13 @@ def main() -> None:
             runs["warm"].append(spawn(args, warm_home))
             print(f"round {r + 1}/{args.rounds}: cold first token {runs['cold'][-1]['first']:.2f} s, "
                   f"warm {runs['warm'][-1]['first']:.2f} s", file=sys.stderr)
+        app: dict[str, list[float]] = {"cold": [], "warm": []}
+        if args.app:
+            from bench_chat import launch_to_ready
+
+            for r in range(args.rounds):
+                app["cold"] += launch_to_ready(args.dir, Path(root) / f"app-cold{r}", 1)
+                app["warm"] += launch_to_ready(args.dir, Path(warm_home), 1)
     print(f"seconds from the process's start (medians of {args.rounds} processes a side, alternated; "
           "`second`: a second reply's own first token)")
     print(f"{'':6}" + "".join(f"{p:>20}" for p in PHASES))
@@ -88,8 +99,11 @@ def main() -> None:
     cost = summary["cold"]["first"] - summary["warm"]["first"]
     print(f"a cold launch's first token waits {cost:.2f} s more than a warm one's "
           f"({summary['cold']['first'] / summary['warm']['first']:.2f}x)")
+    if args.app:
+        print("elastic-chat, launch to its chat screen (tmux): " + ", ".join(
+            f"{side} {median(v):.2f} s ({min(v):.2f}-{max(v):.2f})" for side, v in app.items()))
     print(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "worker"}, "runs": runs,
-                      "summary": summary}))
+                      "summary": summary, "app_launch_to_ready_s": app}))
 
 
 if __name__ == "__main__":
