@@ -194,12 +194,12 @@ def bench_step(m, args) -> dict:
 @contextlib.contextmanager
 def catch_ups_alone():
     """Every catch-up in a call of its own on a copy of its row, as before they joined the decoding rows'
-    step (`CacheSet._together` declining)."""
+    step (`CacheSet._joins` declining every row)."""
     from unittest import mock
 
     from elastic_local.engine.cacheset import CacheSet
 
-    with mock.patch.object(CacheSet, "_together", lambda self, *a: None):
+    with mock.patch.object(CacheSet, "_joins", lambda self, *a: False):
         yield
 
 

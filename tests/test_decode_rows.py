@@ -183,6 +183,26 @@ def test_rows_catching_up_beside_decoding_rows_get_the_bits_of_their_tokens_one_
         m.net.advance_rows([[1] * (step.PREFILL_ROWS + 1)], cache, [0])
 
 
+def test_a_long_catch_up_runs_alone_and_the_short_ones_still_join_the_step(tmp_path, monkeypatch):
+    """A step whose rows catch up past PREFILL_ROWS tokens and within it: the long one runs alone (the
+    torch layers' prefill), the short ones in one C step together; every row's tokens are its own alone."""
+    from gen_util import elastic_model
+
+    from elastic_local.engine.generate import Generation, Request
+
+    m = elastic_model(tmp_path, seed=3)
+    prompts = [m.chat_prompt("a"), m.chat_prompt("a longer question than that " * 4), m.chat_prompt("no")]
+    assert len(prompts[1]) > step.PREFILL_ROWS >= max(len(prompts[0]), len(prompts[2]))
+    request = Request(max_think_tokens=4, max_answer_tokens=4, ignore_eos=True)
+    steps: list[list[int]] = []
+    monkeypatch.setattr(step.DecodeStep, "sequences", lambda self, seqs, *a, _run=step.DecodeStep.sequences:
+                        steps.append([len(s) for s in seqs]) or _run(self, seqs, *a))
+    together = Generation(m, prompts, request).collect()
+    assert steps[0] == [len(prompts[0]), len(prompts[2])]  # the first step: the two short prompts, joined
+    for p, r in zip(prompts, together):
+        assert r.ids == Generation(m, [p], request).collect()[0].ids
+
+
 def test_rows_that_prefill_in_one_step_are_each_charged_their_tokens_share_of_it(tmp_path):
     """Prompts that join together prefill in one C step; each row's prefill seconds (its CatchUp, what the
     batch's Admission leaves out of decoding) are its tokens' share of that step, so they add up to the

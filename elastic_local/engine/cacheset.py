@@ -9,7 +9,7 @@ ran (for a fresh budget or a row that just joined: the whole prompt). Catch-up i
 those of the budget run from scratch on the sequence, at the cost of one prefill of the gap. Rows one
 token behind decode together; on a CPU a row's short catch-up (up to step.PREFILL_ROWS tokens: a joining
 row's prompt, the tokens that close thinking) runs in the same C step as them, its states carried from
-token to token (`_together`); a longer one, or one that transplants, runs alone.
+token to token (`_joins`); a longer one, or one that transplants, runs alone.
 `transplant` trades exactness for speed (caches.py explains how states are reused).
 
 Rows join (zeroed states, sized for their capacity) and leave (dropped from every cache) between steps,
@@ -105,24 +105,35 @@ class CacheSet:
         seconds = [0.0] * len(positions)
         caught: list[Caught | None] = [None] * len(positions)
         catching = [j for j, g in enumerate(gaps) if g > 1]
-        if catching and cache.batch_size > 1:  # size the batch's KV once for every row catching up
+        joining: list[int] = []
+        if cache.batch_size > 1:  # size the batch's KV once for every row catching up
             for s in cache.layers:
                 if isinstance(s, KVCache):
                     s.grow(max(len(seqs[j]) for j in catching))
-            if (out := self._together(budget, positions, seqs, gaps, transplant_ok)) is not None:
+            joining = [j for j in catching if self._joins(budget, positions[j], seqs[j], gaps[j], transplant_ok[j])]
+        stepping = [j for j, g in enumerate(gaps) if g == 1 or j in joining]
+        if joining:  # short catch-ups in the decoding rows' C step, each weight read once for all of them
+            t = time.perf_counter()
+            out = self.model.net.advance_rows([seqs[j][len(seqs[j]) - gaps[j]:] for j in stepping], cache,
+                                              [positions[j] for j in stepping])
+            if out is not None:
                 # a catching row is charged its tokens' share of the call (what its prefill alone is left
                 # out of: Admission, a row's phase time), a decoding row the whole call
                 end = time.perf_counter()
-                spent, tokens = end - t, sum(gaps)
-                seconds = [spent * g / tokens if g > 1 else spent for g in gaps]
-                return out, seconds, [Caught(g, False, end) if g > 1 else None for g in gaps]
+                spent, tokens = end - t + made, sum(gaps[j] for j in stepping)
+                for k, j in enumerate(stepping):
+                    logits[j] = out[k]
+                    seconds[j] = spent * gaps[j] / tokens if gaps[j] > 1 else spent
+                    caught[j] = Caught(gaps[j], False, end) if gaps[j] > 1 else None
+                stepping = []
         for j in catching:
-            t = time.perf_counter()
-            logits[j], ran, transplanted = self._catch_up(budget, positions[j], seqs[j], transplant_ok[j])
-            end = time.perf_counter()
-            seconds[j] = end - t + made
-            caught[j] = Caught(ran, transplanted, end)
-        decoding = [j for j, g in enumerate(gaps) if g == 1]
+            if logits[j] is None:  # alone: a long or transplanted catch-up, or no C step to join
+                t = time.perf_counter()
+                logits[j], ran, transplanted = self._catch_up(budget, positions[j], seqs[j], transplant_ok[j])
+                end = time.perf_counter()
+                seconds[j] = end - t + made
+                caught[j] = Caught(ran, transplanted, end)
+        decoding = [j for j in stepping if gaps[j] == 1]
         if decoding:
             t = time.perf_counter()
             out = self._decode(budget, [positions[j] for j in decoding], [seqs[j][-1] for j in decoding])
@@ -131,18 +142,12 @@ class CacheSet:
                 logits[j], seconds[j] = out[k], dt
         return (logits[0][None] if len(logits) == 1 else torch.stack(logits)), seconds, caught
 
-    def _together(self, budget: str, positions: list[int], seqs: list[list[int]], gaps: list[int],
-                  transplant_ok: list[bool]) -> torch.Tensor | None:
-        """Every row's logits from one C step in place, the rows that catch up taking their tokens beside the
-        ones that decode (each weight read once for all of them, no row copied out of the batch and back),
-        or None where a catching row must run alone: more than PREFILL_ROWS tokens, a transplant, a session's
-        snapshot. Each row gets the bits it gets alone, where the weights are panels."""
-        cache = self.caches[budget]
-        for p, s, g, ok in zip(positions, seqs, gaps, transplant_ok):
-            if g > 1 and (g > PREFILL_ROWS or ok and self._transplant_source(budget, p) is not None
-                          or self.mark is not None and len(s) - g < self.mark <= len(s)):
-                return None
-        return self.model.net.advance_rows([s[len(s) - g:] for s, g in zip(seqs, gaps)], cache, positions)
+    def _joins(self, budget: str, pos: int, seq: list[int], gap: int, transplant_ok: bool) -> bool:
+        """Whether row `pos`'s catch-up of `gap` tokens may run in the decoding rows' step (its logits the
+        bits of its tokens run alone, where the weights are panels): not past PREFILL_ROWS tokens, not a
+        transplant, not across a session's snapshot mark."""
+        return (gap <= PREFILL_ROWS and not (transplant_ok and self._transplant_source(budget, pos) is not None)
+                and not (self.mark is not None and len(seq) - gap < self.mark <= len(seq)))
 
     def run_ahead(self, budget: str, seq: list[int], n: int, stops: frozenset[int],
                   halt: torch.Tensor | None, draw: tuple[Params, torch.Generator | None] | None) -> list[int] | None:
