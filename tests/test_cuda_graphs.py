@@ -326,3 +326,32 @@ def test_chat_turns_on_the_graph_step_equal_fresh_eager_runs(tmp_path, precision
         prompt = chat.prompt(chat.messages + [{"role": "user", "content": text}])[0]
         assert chat.send(text).ids == eager.generate(prompt, **options).ids, text
     assert rec.replays > 0
+
+
+def test_the_engines_sub_batches_keep_their_rows_out_and_replay_a_graph(tmp_path, monkeypatch):
+    """Rows thinking on one budget and answering on another decode as sub-batches of each step. Without a C
+    step in place (a GPU, another CPU) each budget's rows are copied out once and stepped there while the
+    same rows decode (CacheSet.held), not copied out and back every step, so the graph step records them
+    and replays; every row's tokens are the ones it gets alone, eagerly."""
+    from gen_util import elastic_model
+
+    from elastic_local.engine import cacheset
+    from elastic_local.engine.generate import Generation, Request
+
+    eager = elastic_model(tmp_path, seed=3)
+    m = elastic_model(tmp_path, seed=3)
+    rec = Recorder()
+    m.net.capture_decode(record=rec)
+    prompts = [m.chat_prompt("a"), m.chat_prompt("a longer question than that"), m.chat_prompt("no", think=False)]
+    request = Request(think_budget="small", answer_budget="full", max_think_tokens=8, max_answer_tokens=10,
+                      ignore_eos=True, think_close="ok.")
+    taken = []
+    monkeypatch.setattr(cacheset, "take_rows", lambda c, rows, _take=cacheset.take_rows: taken.append(rows) or
+                        _take(c, rows))
+    gen = Generation(m, prompts, request)
+    results = gen.collect()
+    steps = sum(r.stats.think_tokens + r.stats.answer_tokens for r in results) // len(prompts)
+    assert 0 < len(taken) < steps  # copied out when the rows stepping change, not every step
+    assert rec.replays > 0
+    for p, r in zip(prompts, results):
+        assert r.ids == Generation(eager, [p], request).collect()[0].ids

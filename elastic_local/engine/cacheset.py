@@ -51,12 +51,25 @@ class CacheSet:
         self.caches: dict[str, HybridCache] = {}
         self.rows = 0  # rows every cache holds
         self.session, self.mark = session, mark  # mark: where each budget's cache is snapshotted (chat)
+        # budget -> (rows, their own cache): the rows of a sub-batch that torch's layers step (no C step in
+        # place: a GPU, another CPU), copied out once and kept while the same rows decode, put back before
+        # anything else reads the batched cache. Copied out and back every step, a sub-batch paid its KV
+        # caches at their whole capacity twice a step and, on a GPU, never replayed a CUDA graph (graphs.py
+        # records a cache on its second step).
+        self.held: dict[str, tuple[list[int], HybridCache]] = {}
+
+    def settle(self) -> dict[str, HybridCache]:
+        """Every held sub-batch put back into its budget's cache; the caches, whole (for inspection)."""
+        for name, (rows, sub) in self.held.items():
+            put_rows(self.caches[name], rows, sub)
+        self.held = {}
+        return self.caches
 
     # ------------------------------------------------------------------------------------------ rows
 
     def join(self, n: int, capacity: int) -> None:
         """Append `n` rows with zeroed states to every cache; `capacity` (0: unknown) sizes KV once."""
-        for name, cache in self.caches.items():
+        for name, cache in self.settle().items():
             grown = HybridCache.stack([cache, self.model.new_cache(n, name)])
             _reserve(grown, capacity)
             self.caches[name] = grown
@@ -64,16 +77,16 @@ class CacheSet:
 
     def keep(self, positions: list[int]) -> None:
         """Keep only the rows at `positions` (in that order) in every cache."""
-        self.caches = {name: take_rows(c, positions) for name, c in self.caches.items()}
+        self.caches = {name: take_rows(c, positions) for name, c in self.settle().items()}
         self.rows = len(positions)
 
     def retire(self, ids: list[int]) -> None:
         """Every row is done: a session keeps each live cache with the tokens it consumed (`ids`: the one
         row's tokens); without one they are freed."""
         if self.session is not None:
-            for name, cache in self.caches.items():
+            for name, cache in self.settle().items():
                 self.session.keep(name, cache, ids[: cache.lengths[0]])
-        self.caches, self.rows = {}, 0
+        self.caches, self.rows, self.held = {}, 0, {}
 
     # ------------------------------------------------------------------------------------------ logits
 
@@ -87,6 +100,7 @@ class CacheSet:
             return self._advance(budget, positions, seqs, capacity, transplant_ok)
         except BaseException:
             self.caches.pop(budget, None)
+            self.held.pop(budget, None)
             raise
 
     def _advance(self, budget: str, positions: list[int], seqs: list[list[int]], capacity: int,
@@ -96,11 +110,16 @@ class CacheSet:
         # a new cache's allocation is part of the forward that fills it: its row's prefill (several ms on
         # a stream's thread, whose first parallel region and fresh pages the zeroing pays for), not its phase
         made = time.perf_counter() - t
-        gaps = [len(s) - cache.lengths[p] for s, p in zip(seqs, positions)]
+        held = self.held.get(budget)
+        if held is not None and held[0] != positions:  # other rows step now: the held ones go back first
+            put_rows(cache, *self.held.pop(budget))
+            held = None
+        gaps = [len(s) - n for s, n in zip(seqs, held[1].lengths if held else [cache.lengths[p] for p in positions])]
         assert min(gaps) >= 1, "a cache consumed tokens its row does not have"
         if max(gaps) == 1:  # every row one token behind (decoding): one batched step, its logits as they come
             out = self._decode(budget, positions, [s[-1] for s in seqs])
             return out, [time.perf_counter() - t] * len(seqs), [None] * len(seqs)
+        self.settle()  # catch-ups read and write the batched caches (and another budget's, to transplant)
         logits: list[torch.Tensor | None] = [None] * len(positions)
         seconds = [0.0] * len(positions)
         caught: list[Caught | None] = [None] * len(positions)
@@ -179,14 +198,14 @@ class CacheSet:
         if cache.batch_size == 1:
             return self.model.net.decode_token(last[0], cache)
         ids = torch.tensor([[t] for t in last], device=self.model.device)
-        if positions == list(range(cache.batch_size)):
-            return self._forward(ids, cache)
-        if (out := self.model.net.advance_rows([[t] for t in last], cache, positions)) is not None:  # in place
-            return out
-        sub = take_rows(cache, positions)
-        out = self._forward(ids, sub)
-        put_rows(cache, positions, sub)
-        return out
+        held = self.held.get(budget)  # (_advance put back a held copy of other rows)
+        if held is None:
+            if positions == list(range(cache.batch_size)):
+                return self._forward(ids, cache)
+            if (out := self.model.net.advance_rows([[t] for t in last], cache, positions)) is not None:  # in place
+                return out
+            held = self.held[budget] = (positions, take_rows(cache, positions))
+        return self._forward(ids, held[1])
 
     def _catch_up(self, budget: str, pos: int, seq: list[int], transplant_ok: bool) -> tuple[torch.Tensor, int, bool]:
         """Bring `budget`'s cache of one row up to the row's last token in one chunked prefill; returns the

@@ -124,7 +124,7 @@ class Generation:
     @property
     def caches(self) -> dict[str, HybridCache]:
         """Budget name -> its cache (for inspection)."""
-        return self.states.caches
+        return self.states.settle()
 
     # ------------------------------------------------------------------------------------------ rows
 
