@@ -162,6 +162,25 @@ def test_admission_stays_within_the_memory_bound(m, monkeypatch):
     assert isinstance(out["huge"], LineError) and out["huge"].code == "out_of_memory"
 
 
+def test_memory_leaves_room_for_the_sub_batches_copies_where_no_c_step_runs(m, monkeypatch):
+    """Without a C step in place (a GPU) each budget's decoding rows step on a copy of theirs, held while
+    the same rows decode (CacheSet.held): a batch on two budgets holds up to one more cache of every row,
+    which its memory bound counts; on one budget there are no sub-batches."""
+    from elastic_local.model import step
+
+    in_place = Memory.of(m, None)
+    monkeypatch.setattr(step, "build", lambda net, b: None)
+    monkeypatch.setattr(m.net, "c_steps", {})
+    copies = Memory.of(m, None)
+    assert not in_place.copies and copies.copies
+    two, cap = set(m.budgets[:2]), 40
+    assert len(two) == 2
+    row = [cap * copies.kv_token[b] + copies.state[b] for b in two]
+    assert in_place.bytes(3, cap, two) == 3 * sum(row)
+    assert copies.bytes(3, cap, two) == 3 * (sum(row) + max(row))
+    assert copies.bytes(3, cap, {m.budgets[0]}) == in_place.bytes(3, cap, {m.budgets[0]})
+
+
 def test_admission_times_a_whole_batch_then_alone_and_keeps_the_faster():
     admission = Admission(probe_s=0.05)
     assert admission.limit(8) == 8  # the first jobs run batched, as many as it may hold, until 0.05 s is timed

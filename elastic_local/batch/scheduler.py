@@ -36,17 +36,22 @@ class Memory:
     room: int | None
     kv_token: dict[str, int]  # budget -> bytes of one cached token of one row (every attention layer)
     state: dict[str, int]  # budget -> bytes of one row's Mamba conv + SSM state
+    copies: bool = False  # sub-batches step on copies of their rows (no C step in place: a GPU)
 
     @classmethod
     def of(cls, model: ElasticModel, room: int | None) -> Memory:
         """Per-row costs measured on the model's own caches (its dtype, its layers)."""
         state = {b: model.new_cache(1, b).nbytes() for b in model.budgets}
         kv = {b: model.new_cache(1, b, capacity=1).nbytes() - state[b] for b in model.budgets}
-        return cls(room, kv, state)
+        copies = not all(model.net.steps_rows_in_place(model.budget(b)) for b in model.budgets)
+        return cls(room, kv, state, copies)
 
     def bytes(self, rows: int, capacity: int, budgets: set[str]) -> int:
-        """Caches of `rows` rows sized for `capacity` tokens, one cache per budget."""
-        return rows * sum(capacity * self.kv_token[b] + self.state[b] for b in budgets)
+        """Caches of `rows` rows sized for `capacity` tokens, one cache per budget; with `copies` and more
+        than one budget, also the copies the sub-batches step on (CacheSet.held: every row's copy in the
+        budget it steps on, at most the costliest one's)."""
+        row = [capacity * self.kv_token[b] + self.state[b] for b in budgets]
+        return rows * (sum(row) + (max(row) if self.copies and len(row) > 1 else 0))
 
 
 def cache_room(model: ElasticModel, device: str = "cpu") -> int:

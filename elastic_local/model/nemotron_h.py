@@ -373,11 +373,18 @@ class NemotronH:
         only without grad mode (inference_mode, no_grad); built once per budget."""
         if torch.is_grad_enabled():
             return None
-        b = cache.budget
+        c_step = self._step_of(cache.budget)
+        return c_step if c_step is not None and step.serves(cache, self.dtype) else None
+
+    def _step_of(self, b: Budget) -> step.DecodeStep | None:
         if b not in self.c_steps:
             self.c_steps[b] = step.build(self, b)
-        c_step = self.c_steps[b]
-        return c_step if c_step is not None and step.serves(cache, self.dtype) else None
+        return self.c_steps[b]
+
+    def steps_rows_in_place(self, b: Budget) -> bool:
+        """Whether some rows of a batched cache of budget `b` step where they lie (`advance_rows`: the C step),
+        rather than on a copy of theirs (what the engine's sub-batches then hold: engine/cacheset.py)."""
+        return self.observer is None and self._step_of(b) is not None
 
     def _forward(self, ids: torch.Tensor, b: Budget, cache: HybridCache | None, last_only: bool,
                  soft: list[SoftLayer | None] | None = None, soft_hidden: SoftSize | None = None) -> torch.Tensor:
