@@ -283,7 +283,10 @@ def bench_memory(path: Path | None, args) -> dict:
     b = max(args.batches)
     cmd = [sys.executable, __file__, "--memory-case", str(path or "demo"), str(args.requests), str(b)]
     case = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
-    cpu = Profile(name="bench", description="this CPU", kind="cpu", memory_bytes=1024 * GIB, memory_bandwidth_gbps=None)
+    from elastic_local.model import gemv
+
+    cpu = Profile(name="bench", description="this CPU", kind="cpu", memory_bytes=1024 * GIB, memory_bandwidth_gbps=None,
+                  cpu_kernels=gemv.runs_here())  # where they run, a batch's rows step in place: no copies
     plan = fit.plan_checkpoint(case["path"], cpu, context=case["capacity"], caches=len(case["budgets"]),
                                batch=min(b, args.requests), margin_bytes=0)
     c = next(c for c in plan.candidates if (c.budget, c.precision) == (case["resident"], "bf16"))

@@ -344,6 +344,22 @@ def test_kv_linear_in_context_state_constant(no_user_profiles):
     assert state[1024] - minus_one.state_bytes == 2 * 23 * 6144 * 4
 
 
+def test_a_batch_on_two_caches_counts_its_sub_batches_copies_where_no_c_step_runs(no_user_profiles):
+    """A batch whose rows think on one budget and answer on another decodes each budget's rows on copies
+    of theirs where no C step steps them in place (a GPU, a CPU without the kernels: CacheSet.held): one
+    more cache of every row. A CPU with the kernels, one cache, or one row holds none."""
+    def rows(profile, **work):
+        c = _by(plan(profile, SHAPES, OPTIONS, Workload(context=1024, **work)), "30B", "bf16")
+        return c.kv_bytes, c.state_bytes
+
+    gpu, cpu = get_profile("h100-80gb"), get_profile("cpu")
+    kv, state = rows(gpu, caches=1)  # one row of one cache
+    assert rows(gpu, batch=4) == (12 * kv, 12 * state)  # 2 caches x 4 rows + 4 copies
+    assert rows(gpu, batch=4, caches=1) == (4 * kv, 4 * state) and rows(gpu) == (2 * kv, 2 * state)
+    assert cpu.cpu_kernels and rows(cpu, batch=4) == (8 * kv, 8 * state)
+    assert rows(dataclasses.replace(cpu, cpu_kernels=False), batch=4) == (12 * kv, 12 * state)
+
+
 def test_precision_gate_notes(no_user_profiles):
     def note(profile, budget, precision):
         return _by(plan(get_profile(profile), SHAPES, OPTIONS), budget, precision)

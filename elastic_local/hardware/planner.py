@@ -8,9 +8,11 @@ resident, so weight bytes are the whole budget, not the active part.
 Memory of a candidate (all in bytes):
 
     total = weights + kv + state + workspace + overhead + margin
-    kv        = caches x batch x 2 (K and V) x attn_layers x kv_heads x head_dim x context x kv_dtype
-    state     = caches x batch x mamba_layers x (conv_len x conv_dim x conv_dtype
-                                                 + mamba_heads x mamba_head_dim x ssm_state x 4)   # ssm fp32
+    kv        = rows x 2 (K and V) x attn_layers x kv_heads x head_dim x context x kv_dtype
+    state     = rows x mamba_layers x (conv_len x conv_dim x conv_dtype
+                                       + mamba_heads x mamba_head_dim x ssm_state x 4)   # ssm fp32
+    rows      = caches x batch, + batch where a batch on several caches steps its sub-batches on copies
+                (no C step in place: a GPU; engine/cacheset.py, CacheSet.held)
     workspace = see `ArchShape.workspace_bytes` (one prefill chunk through the widest layer, the logits
                 of the chunk, one dequantized weight matrix when fp8/nvfp4 is not native, and on a GPU
                 the experts each CUDA-graph decode row gathers: caches x batch rows)
@@ -179,8 +181,11 @@ def rank_budgets(options: Sequence[WeightOption]) -> list[str]:
 def _candidate(profile: Profile, shape: ArchShape, o: WeightOption, w: Workload, available: int,
                overhead: int, margin: int) -> Candidate:
     native, note = compute_gate(profile, o.precision)
-    kv = w.caches * w.batch * shape.kv_bytes(w.context, w.kv_dtype_bytes)
-    state = w.caches * w.batch * shape.state_bytes(w.conv_len, w.conv_dtype_bytes)
+    # a batch on more than one cache, where no C step steps its rows in place (not a CPU with the kernels),
+    # decodes its sub-batches on copies of their rows, held between steps: one more cache of every row
+    held = w.batch if w.batch > 1 and w.caches > 1 and not (profile.kind == "cpu" and profile.cpu_kernels) else 0
+    kv = (w.caches * w.batch + held) * shape.kv_bytes(w.context, w.kv_dtype_bytes)
+    state = (w.caches * w.batch + held) * shape.state_bytes(w.conv_len, w.conv_dtype_bytes)
     # the engine prefills (and catches up) one row at a time in chunks and decodes the batch one token per
     # row, so activations peak at a chunk or at the batch, whichever is larger, never at their product
     tokens = max(w.prefill_chunk, w.batch)
