@@ -452,6 +452,26 @@ def test_rows_join_a_running_generation_and_match_their_runs_alone(m):
     assert finished[1].stats.think_budgets == ["small"] and finished[2].stats.answer_budgets == ["small"]
 
 
+def test_greedy_rows_take_one_argmax_a_step_whatever_their_requests(m, monkeypatch):
+    """A batch file gives every row its own Request: the greedy ones are sampled in one argmax a step, the
+    sampled ones each from its own generator, and every row's tokens are those it gets alone."""
+    from elastic_local.engine import generate
+
+    opts = dict(max_think_tokens=3, max_answer_tokens=4, ignore_eos=True, think_close=CLOSE)
+    prompts = [m.chat_prompt(q) for q in ("one", "two", "three", "four")]
+    reqs = [Request(**opts), Request(**opts), Request(temperature=1.0, seed=7, **opts), Request(**opts)]
+    calls: list[int] = []
+    monkeypatch.setattr(generate, "sample", lambda logits, *a, _sample=generate.sample:
+                        calls.append(len(logits)) or _sample(logits, *a))
+    gen = Generation(m, prompts[:1], reqs[0])
+    for p, req in zip(prompts[1:], reqs[1:]):
+        gen.add(p, req)
+    got = {i: r.ids for i, r in enumerate(gen.collect())}
+    assert 3 in calls and max(calls) <= 3  # the three greedy rows together, the sampled one alone
+    for i, (p, req) in enumerate(zip(prompts, reqs)):
+        assert got[i] == Generation(m, [p], req).collect()[0].ids
+
+
 def renamed_think_end(m, prompt):
     """`m` with one of the tokens it thinks in taken for `</think>`, so that it closes thinking itself."""
     _, [free] = run(m, [prompt], max_think_tokens=12, max_answer_tokens=1, ignore_eos=True)
