@@ -78,16 +78,14 @@ def test_the_repacking_into_panels_in_c_equals_torch_s_copy(shape, dtype, monkey
     bf16 columns in BF16_COLUMNS' order, as torch's copy makes, over stacks, widths that are no multiple of
     16 or 8, and a last panel of fewer than 24 outputs."""
     from elastic_local.model.linear import Panels
-    from elastic_local.quant.fp8 import code_panels
 
     g = torch.Generator().manual_seed(sum(shape))
     w = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8) if dtype == torch.uint8 \
         else torch.randn(shape, generator=g).bfloat16()
-    panels = (lambda t: code_panels(t).clone()) if dtype == torch.uint8 else (lambda t: Panels.of(t).p.clone())
-    got = panels(w)
+    got = Panels.of(w).p.clone()
     assert gemv.panel_copy(w, torch.zeros_like(got))  # the C copy made `got`, not torch's
     monkeypatch.setattr(gemv, "panel_copy", lambda *a: False)
-    assert torch.equal(got, panels(w))
+    assert torch.equal(got, Panels.of(w).p)
 
 
 def test_a_view_of_a_panel_view_and_of_a_stacked_expert_cut_the_same_weights():

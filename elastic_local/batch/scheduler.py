@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..engine import ElasticModel
+from ..engine.cacheset import holds_copies
 from ..engine.events import CatchUp, Result, Token
 from ..engine.generate import Generation
 from ..engine.phases import Request
@@ -43,8 +44,7 @@ class Memory:
         """Per-row costs measured on the model's own caches (its dtype, its layers)."""
         state = {b: model.new_cache(1, b).nbytes() for b in model.budgets}
         kv = {b: model.new_cache(1, b, capacity=1).nbytes() - state[b] for b in model.budgets}
-        copies = not all(model.net.steps_rows_in_place(model.budget(b)) for b in model.budgets)
-        return cls(room, kv, state, copies)
+        return cls(room, kv, state, holds_copies(model))
 
     def bytes(self, rows: int, capacity: int, budgets: set[str]) -> int:
         """Caches of `rows` rows sized for `capacity` tokens, one cache per budget; with `copies` and more
@@ -76,15 +76,14 @@ class Admission:
 
     Neither always wins. A lone row runs ahead in the C decode step, many tokens a call; a batch takes
     one C step a token for all its rows (step.c's decode_rows): on the demo model on a CPU, whose weights
-    sit in the caches, a batch of 4 decodes short answers at 0.78-1.07x one at a time and a batch of 16 at
-    0.96-1.45x, while on a 136M model a batch of 8 makes 1.4-1.9x (benchmarks/bench_batch.py, README). So
-    the first jobs run batched, as many as it may hold (a batch's rate grows with its rows: timed at a
-    quarter of the jobs waiting, 2-4 rows of a short file, it misjudged the demo), until PROBE_S of
-    decoding is timed; then, once that batch has drained, alone until as much is; from then on the batch
-    admits up to `max_batch` rows, or one where alone was faster. Batched first, because batching wins
-    on most models and a short file is over before the verdict: on 16-request demo files, alone first ran
-    0.95-1.05x one at a time, batched first 0.93-1.40x, a fixed batch of 16 0.98-1.37x (one process,
-    alternated; on 64 requests the two orders within 0.03). Prefills are left out of both (a prefill in a
+    sit in the caches, small batches decode slower than one row ahead and large ones faster, while on a
+    136M model a batch of 8 wins clearly (benchmarks/bench_batch.py, README "Batch files"). So the first
+    jobs run batched, as many as it may hold (a batch's rate grows with its rows: a batch timed at a
+    quarter of the jobs waiting, 2-4 rows of a short file, misjudged the demo), until PROBE_S of decoding
+    is timed; then, once that batch has drained, alone until as much is; from then on the batch admits up
+    to `max_batch` rows, or one where alone was faster. Batched first, because batching wins on most
+    models and a short file is over before the verdict (README: alone first gave 16-request demo files
+    0.95-1.05x one at a time, batched first 0.93-1.40x). Prefills are left out of both (a prefill in a
     batched step counts its tokens' share of the step); the tokens are the same at any batch size.
     `fixed`: always up to `max_batch`."""
 

@@ -241,6 +241,12 @@ class CacheSet:
         return best
 
 
+def holds_copies(model: ElasticModel) -> bool:
+    """Whether a batch's sub-batches step on copies of their rows, held while the same rows decode
+    (CacheSet.held: up to one more cache of every row), rather than where they lie (the C step)."""
+    return not all(model.net.steps_rows_in_place(model.budget(b)) for b in model.budgets)
+
+
 def _reserve(cache: HybridCache, capacity: int) -> None:
     """Pad every KV cache to exactly `capacity` positions (doubling, as growth does, would overshoot the
     memory a batch was admitted for)."""

@@ -1250,7 +1250,7 @@ int product_bf16x(int format, int panel, const uint16_t *x, const void *w, const
 }
 
 /* ------------------------------------------------------------------------------------------------------
- * A load's repacking into panels (model/linear.py Panels.of, quant/fp8.py code_panels): a weight [.., out, K]
+ * A load's repacking into panels (model/linear.py Panels.of, for float weights and FP8 codes alike): a weight [.., out, K]
  * transposed into [.., Q, K, 24] by in-register transposes of 16 x 16 bytes or 8 x 8 words, where torch's
  * strided copy of a 24-wide inner dimension ran at 0.9-2.1 GB/s (these: 3.1-3.3 GB/s for e4m3 bytes, 2.6-5.8
  * for bf16, one thread; a 12 GB FP8 model's load would spend about 11 s in torch's; docs/decode-speed.md,

@@ -14,9 +14,9 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from ..model import gemv, pages, step
+from ..model import gemv, step
 from ..model.cost import NATIVE_CAPABILITY
-from ..model.linear import PANEL
+from ..model.linear import PANEL, Panels
 from .linear import QuantizedWeight, e4m3_values, expert_offsets, finite_amax
 
 E4M3_MAX = 448.0
@@ -89,23 +89,10 @@ class FP8Weight(QuantizedWeight):
         return step.packed(step.FP8, self.weight.view(torch.uint8), None, self.weight_scale.item(), self.shape[1])
 
     def cpu_layout(self) -> FP8Panels:
-        """This weight in column panels (FP8Panels), for a CPU load where the kernels run."""
-        return FP8Panels(code_panels(self.weight), self.weight_scale, self.input_scale, 0, self.shape[0])
-
-
-def code_panels(codes: Tensor) -> Tensor:
-    """e4m3 codes [.., out, in] -> bytes [.., panels, in, 24]: panel q holds outputs [24q, 24q + 24) (the last
-    one padded with zero codes), each row of 24 contiguous (model.linear.Panels' layout, in bytes)."""
-    codes = codes.view(torch.uint8)
-    *lead, out, k = codes.shape
-    whole, rest = divmod(out, PANEL)
-    p = pages.zeros((*lead, whole + (rest > 0), k, PANEL), torch.uint8)
-    if gemv.panel_copy(codes, p):  # in C: 2.4-3.6x the copy below
-        return p
-    p[..., :whole, :, :] = codes[..., :whole * PANEL, :].unflatten(-2, (whole, PANEL)).transpose(-1, -2)
-    if rest:
-        p[..., whole, :, :rest] = codes[..., whole * PANEL:, :].transpose(-1, -2)
-    return p
+        """This weight in column panels (FP8Panels), for a CPU load where the kernels run: its codes as bytes
+        in model.linear.Panels' layout (the last panel padded with zero codes)."""
+        return FP8Panels(Panels.of(self.weight.view(torch.uint8)).p, self.weight_scale, self.input_scale, 0,
+                         self.shape[0])
 
 
 def _rows(p: Tensor, r0: int, r1: int) -> Tensor:
@@ -115,7 +102,7 @@ def _rows(p: Tensor, r0: int, r1: int) -> Tensor:
 
 @dataclass(eq=False)
 class FP8Panels(FP8Weight):
-    """An FP8 weight as a CPU load with the kernels keeps it: its e4m3 codes in column panels (`code_panels`),
+    """An FP8 weight as a CPU load with the kernels keeps it: its e4m3 codes in column panels (`cpu_layout`),
     `weight` uint8 [panels, in, 24], the view's `n` outputs starting `skip` columns into its first panel,
     as model.linear.Panels keeps float weights.
 
