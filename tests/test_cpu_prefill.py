@@ -259,15 +259,19 @@ def test_the_routed_experts_sum_what_the_grouped_torch_path_sums(experts, channe
                                atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dots", [True, False])
 @pytest.mark.parametrize("experts,channels,d", [(8, 48, 32), (6, 40, 32), (8, 10, 20), (7, 30, 300)])
 @pytest.mark.parametrize("n", [1, 3, 29, 200])
 def test_a_bfloat16_prompt_s_routed_experts_run_in_c_at_the_torch_path_s_rounding_points(experts, channels, d, n,
-                                                                                         threads, monkeypatch):
+                                                                                         dots, threads, monkeypatch):
     """experts_prefill_bf16: bf16 tokens on bf16 panels (budget views, rows past one 128-row block of an
     expert), each product rounded to bf16 and relu(h)^2 too, as the grouped torch path in bf16 does: the
-    same sums but for the order the float32 total adds the experts in. Without the dots, the torch path."""
-    if not gemv.bf16_dot():
-        pytest.skip("this CPU has no AVX512-BF16 dot products: a bf16 prompt's experts run in torch")
+    same sums but for the order the float32 total adds the experts in. On the CPU's bf16 dots, and without
+    them (a CPU that lacks them, or ELASTIC_LOCAL_BF16_DOT=0) on the inputs widened to float32."""
+    if dots and not gemv.bf16_dot():
+        pytest.skip("this CPU has no AVX512-BF16 dot products (the widened path is the other case)")
+    if not dots:
+        monkeypatch.setenv(gemv.BF16_DOT_ENV, "0")
     w = expert_weights(8, 48, 320, dtype=torch.bfloat16)
     g = torch.Generator().manual_seed(n)
     flat = torch.randn(n, d, generator=g).bfloat16()
@@ -277,8 +281,6 @@ def test_a_bfloat16_prompt_s_routed_experts_run_in_c_at_the_torch_path_s_roundin
     assert got is not None and got.dtype == torch.float32
     want = moe._experts_grouped(flat, w, experts, channels, ids, weights, None)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-3 * float(want.abs().max()))  # measured 1e-7
-    monkeypatch.setenv(gemv.BF16_DOT_ENV, "0")
-    assert moe._experts_cpu(flat, w, experts, channels, ids, weights) is None
 
 
 @pytest.fixture(scope="module")
@@ -296,9 +298,7 @@ def test_every_format_s_experts_run_in_c_like_the_torch_path(nested, precision, 
                                                               c_calls):
     """Packed FP8 / NVFP4 experts (gemv.c's kernels, NVFP4's inputs permuted), float ones kept [out, in] and
     in panels, for every budget (fewer channels: views of the packed rows); in a bfloat16 load on the bf16
-    dots (experts_prefill_bf16) where the CPU has them."""
-    if dtype == torch.bfloat16 and not gemv.bf16_dot():
-        pytest.skip("this CPU has no AVX512-BF16 dot products: a bf16 prompt's experts run in torch")
+    dots (experts_prefill_bf16) where the CPU has them, else widened to float32."""
     if layout:
         monkeypatch.setenv("ELASTIC_LOCAL_CPU_LAYOUT", layout)
     m = elastic_local.load(nested, precision=precision, dtype=dtype)

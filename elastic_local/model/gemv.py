@@ -74,7 +74,7 @@ _SIGNATURES = {
     "conv_prefill": [_P, _I, _I, _P, _P, _P, _P, _I, _I, _I, _I, _C, _C],
     "ssm_scan": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _C],
     "experts_prefill": [_P, _I, _I, _P, _P, _I, _I, _P, _P, _I, _P, _C],
-    "experts_prefill_bf16": [_P, _I, _I, _P, _P, _I, _I, _P, _P, _I, _P, _C],
+    "experts_prefill_bf16": [_P, _I, _I, _P, _P, _I, _I, _P, _P, _I, _P, _C, _C],
     "to_bf16": [_P, _P, _I],
     "route_rows": [_P, _I, _I, _P, _I, _P, _I, _I, _I, _F, _P, _P, _C],
     "owned": [_P, _I, _I, _P, _P],

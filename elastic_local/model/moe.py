@@ -165,13 +165,14 @@ def _gather(w, experts: int, rows: int, cols: int, pick: torch.Tensor) -> torch.
 def _experts_cpu(flat: torch.Tensor, w: MoEWeights, experts: int, channels: int, ids: torch.Tensor,
                  weights: torch.Tensor) -> torch.Tensor | None:
     """The routed experts' sum [N, d] float32 for tokens `flat` [N, d] in C (step.c's experts_prefill), on
-    any weight format the decode step reads; for bf16 tokens on the CPU's bf16 dots, at the torch path's
-    rounding points (experts_prefill_bf16). None where it does not run: another device or dtype, weights
-    step.c does not read, no bf16 dots for bf16 tokens, or gradients to compute."""
+    any weight format the decode step reads; for bf16 tokens at the torch path's rounding points
+    (experts_prefill_bf16: on the CPU's bf16 dots where it has them, else widened to float32 as the torch
+    path's products are). None where it does not run: another device or dtype, weights step.c does not
+    read, or gradients to compute."""
     n, d = flat.shape
-    if flat.dtype == torch.bfloat16:  # a bfloat16 prompt: its own C path, on the CPU's bf16 dots
-        lib = kernels.cpu_library(flat, weights, bf16=True)
-        lib, entry = (lib if lib is not None and gemv.bf16_dot() else None), "experts_prefill_bf16"
+    extra = ()
+    if flat.dtype == torch.bfloat16:  # a bfloat16 prompt: its own C path
+        lib, entry, extra = kernels.cpu_library(flat, weights, bf16=True), "experts_prefill_bf16", (gemv.bf16_dot(),)
     else:
         # plain [out, in] stacks must be float32; panels (float32, or bf16 that step.c widens) and packed
         # weights are read as they are, and the Transposed layout exists only where the kernels do not run
@@ -184,10 +185,10 @@ def _experts_cpu(flat: torch.Tensor, w: MoEWeights, experts: int, channels: int,
     flat, ids, weights = flat.contiguous(), ids.contiguous(), weights.float().contiguous()
     out = torch.zeros(n, d)
     rc = getattr(lib, entry)(flat.data_ptr(), n, d, ids.data_ptr(), weights.data_ptr(), ids.shape[1], experts,
-                             up, down, channels, out.data_ptr(), torch.get_num_threads())
+                             up, down, channels, out.data_ptr(), torch.get_num_threads(), *extra)
     if rc == -1:
         raise MemoryError(f"out of memory for the experts' buffers of {n} tokens")
-    return None if rc else out  # -2: the bf16 dots do not take these weights
+    return None if rc else out  # -2: experts_prefill_bf16 does not take these weights
 
 
 def _described(w: MoEWeights, experts: int, channels: int, d: int):

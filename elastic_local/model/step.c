@@ -1954,23 +1954,37 @@ static int rows_product_bf16(const weight *w, const uint16_t *x, int64_t m, floa
 
 #define EXPERT_ROWS 128 /* rows of an expert a bf16 product takes at a time, into this thread's float32 */
 
+/* A thread's buffers for expert_rows_bf16: `t` the float32 outputs of EXPERT_ROWS rows, `row` 2 wide floats
+   (a row being permuted); without the bf16 dots also `xf` (EXPERT_ROWS rows' inputs widened) and `scratch`
+   (rows_product's tiles). NULL xf: on the dots. */
+typedef struct {
+    float *t, *row, *xf, *scratch;
+} expert_buffers;
+
 /* Rows [r0, r1) of `in` (bf16, w->in wide) times w into the same rows of `out` (bf16, w->out wide),
-   EXPERT_ROWS at a time through t: each output rounded to bf16, and for the `hidden` units relu(h)^2 after
-   that, rounded again, then permuted for an NVFP4 down product where `permute` (`row`: 2 w->out floats).
-   0, or rows_product_bf16's error. */
+   EXPERT_ROWS at a time: each output rounded to bf16, and for the `hidden` units relu(h)^2 after that,
+   rounded again, then permuted for an NVFP4 down product where `permute`. The products run on the bf16
+   dots, or (b->xf set) on the inputs widened to float32 and the float32 kernels, as a bf16 prompt's dense
+   products run on a CPU without the dots. 0, or rows_product_bf16's error. */
 static int expert_rows_bf16(const weight *w, const uint16_t *in, int64_t r0, int64_t r1, uint16_t *out,
-                            int hidden, int permute, float *t, float *row) {
+                            int hidden, int permute, const expert_buffers *b) {
     const int64_t K = w->in, N = w->out;
+    float *t = b->t;
     for (int64_t r = r0; r < r1; r += EXPERT_ROWS) {
         const int64_t m = r1 - r < EXPERT_ROWS ? r1 - r : EXPERT_ROWS;
-        const int rc = rows_product_bf16(w, in + r * K, m, t);
-        if (rc) return rc;
+        if (b->xf) {
+            widen(in + r * K, b->xf, m * K);
+            rows_product(w, b->xf, m, t, b->scratch);
+        } else {
+            const int rc = rows_product_bf16(w, in + r * K, m, t);
+            if (rc) return rc;
+        }
         narrow(t, out + r * N, m * N);
         if (!hidden) continue;
         widen(out + r * N, t, m * N);
         relu2(t, 0, m * N);
         narrow(t, out + r * N, m * N);
-        if (permute) permute_nvfp4_bf16(out + r * N, out + r * N, m, N, row);
+        if (permute) permute_nvfp4_bf16(out + r * N, out + r * N, m, N, b->row);
     }
     return 0;
 }
@@ -1978,21 +1992,28 @@ static int expert_rows_bf16(const weight *w, const uint16_t *in, int64_t r0, int
 /* experts_prefill for a bfloat16 prompt (x [n, d] bf16), at the rounding points of moe.py's torch path in
  * bf16 (each product's output rounded to bf16, relu(h)^2 rounded, the weighted sum in float32) and with
  * its activations in bf16, as the plan counts them: the pairs' inputs, hidden units and outputs, S (2 d + I)
- * values, and per thread EXPERT_ROWS rows of float32 outputs. The products run on gemv.c's bf16 dots
- * (product_bf16x). 0; -1 where memory ran out; -2 where they cannot (no bf16 dots, an odd width, float32
- * weights): then moe.py's torch path runs. */
+ * values, and per thread EXPERT_ROWS rows of float32 outputs (twice that and the tiles without the dots).
+ * The products run on gemv.c's bf16 dots (product_bf16x) where `dots` and the CPU has them, else on the
+ * inputs widened to float32, as the torch path's products run then: on a CPU without the dots (AVX2 only)
+ * that path spent its time in a gather, a scatter and two conversions per expert. 0; -1 where memory ran
+ * out; -2 where it cannot (an odd width, float32 weights): then moe.py's torch path runs. */
 int experts_prefill_bf16(const uint16_t *x, int64_t n, int64_t d, const int64_t *ids, const float *wts, int64_t k,
-                         int64_t E, const weight *up, const weight *down, int64_t I, float *out, int threads) {
+                         int64_t E, const weight *up, const weight *down, int64_t I, float *out, int threads,
+                         int dots) {
     const int64_t S = n * k, wide = d > I ? d : I;
     const int64_t ok[] = {PANELS_BF16, ROWS_BF16, FP8, NVFP4, PANELS_FP8};
     int formats = 0;
     for (int i = 0; i < 5; i++) formats += (up[0].format == ok[i]) + (down[0].format == ok[i]);
-    if (!bf16_dot() || d % 2 || I % 2 || formats != 2) return -2;
+    if (d % 2 || I % 2 || formats != 2) return -2;
+    dots = dots && bf16_dot();
     const int permute_up = up[0].format == NVFP4, permute_down = down[0].format == NVFP4;
     const int64_t team = threads > 0 ? threads : 1;
+    /* a thread's floats: without the dots the tiles first (aligned as gemm_p_part wants them), then t, row, xf */
+    const int64_t tiles = dots ? 0 : (gemm_p_scratch + 15) / 16 * 16;
+    const int64_t each = (tiles + (EXPERT_ROWS + 2) * wide + (dots ? 0 : EXPERT_ROWS * wide) + 15) / 16 * 16;
     int64_t *start = malloc(sizeof(int64_t) * (2 * (E + 1) + 2 * S));
     uint16_t *X = malloc(sizeof(uint16_t) * S * (2 * d + I));
-    float *temps = malloc(sizeof(float) * team * (EXPERT_ROWS + 2) * wide);
+    float *temps = aligned_alloc(64, sizeof(float) * team * each);
     if (!start || !X || !temps) {
         free(start), free(X), free(temps);
         return -1;
@@ -2003,8 +2024,11 @@ int experts_prefill_bf16(const uint16_t *x, int64_t n, int64_t d, const int64_t 
     int failed = 0;
     #pragma omp parallel num_threads(threads)
     {
-        float *t = temps + (EXPERT_ROWS + 2) * wide * thread_here(); /* libgomp gives at most `threads` */
-        float *row = t + EXPERT_ROWS * wide; /* [2 wide]: a row being permuted */
+        float *mine = temps + each * thread_here(); /* libgomp gives at most `threads` */
+        float *t = dots ? mine : mine + tiles;
+        const expert_buffers b = {t, t + EXPERT_ROWS * wide, dots ? NULL : t + (EXPERT_ROWS + 2) * wide,
+                                  dots ? NULL : mine};
+        float *row = b.row;
         #pragma omp for schedule(static)
         for (int64_t q = 0; q < S; q++) {
             memcpy(X + q * d, x + token_of[q] * d, sizeof(uint16_t) * d);
@@ -2012,7 +2036,7 @@ int experts_prefill_bf16(const uint16_t *x, int64_t n, int64_t d, const int64_t 
         }
         #pragma omp for schedule(dynamic, 1)
         for (int64_t e = 0; e < E; e++) {
-            const int rc = expert_rows_bf16(&up[e], X, start[e], start[e + 1], H, 1, permute_down, t, row);
+            const int rc = expert_rows_bf16(&up[e], X, start[e], start[e + 1], H, 1, permute_down, &b);
             if (rc) {
                 #pragma omp atomic write
                 failed = rc;
@@ -2023,7 +2047,7 @@ int experts_prefill_bf16(const uint16_t *x, int64_t n, int64_t d, const int64_t 
         up_failed = failed;
         #pragma omp for schedule(dynamic, 1)
         for (int64_t e = 0; e < E * !up_failed; e++) {
-            const int rc = expert_rows_bf16(&down[e], H, start[e], start[e + 1], Y, 0, 0, t, row);
+            const int rc = expert_rows_bf16(&down[e], H, start[e], start[e + 1], Y, 0, 0, &b);
             if (rc) {
                 #pragma omp atomic write
                 failed = rc;
