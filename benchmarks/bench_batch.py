@@ -11,9 +11,11 @@ The model: the embedded demo model (`elastic_local.load()`) when it is installed
 0. the batched step: one decode step of 1 and of each `--batches` rows (positions 20-40), step.c's
    rows (`DecodeStep.rows`: every product once for all the rows) against the torch layers (the batched
    step before it), and its tokens a second against one row's C step; medians, interleaved.
-1. throughput: `--requests` requests per mix of prompt lengths. On the demo model: chat requests of its
-   own held-out questions, "short" (one question, ~20 tokens), "long" (the question after 8 earlier
-   answered turns, ~200-400 tokens), "mixed" (0-8 earlier turns). On the random model: /v1/completions
+1. throughput: `--requests` requests per mix of prompt lengths. On the demo model: chats of its own
+   held-out questions, "short" (one question, ~20 tokens), "long" (the question after 8 earlier answered
+   turns, ~200-400 tokens), "mixed" (0-8 earlier turns), rendered with every turn in ChatML (engine.chat's
+   template for files that ship none; the demo's own shows only the latest question) and sent as
+   /v1/completions lines of their token ids. On the random model: /v1/completions
    lines of random token ids ending in `<think>`, short (16..48 tokens), mixed (16..384), long (256..384).
    Each thinks 24 tokens (then the think budget appends `</think>` alone) and answers 24, eos ignored
    (every request generates the same count); every phase on the largest budget, or ("cycled") the think budget cycling
@@ -94,6 +96,7 @@ def jobs_for(m, mix: str, n: int, cycled: bool, seed: int = 0) -> list:
     With `cycled` the think budget cycles through the model's budgets, else every phase runs on the
     largest. Every request thinks THINK and answers ANSWER tokens (eos ignored), so all runs do equal work."""
     from elastic_local.batch import Checker, parse
+    from elastic_local.engine.chat import ChatTemplate
 
     lo, hi = MIXES[mix]
     g = torch.Generator().manual_seed(seed)
@@ -102,7 +105,8 @@ def jobs_for(m, mix: str, n: int, cycled: bool, seed: int = 0) -> list:
     lines = []
     for i in range(n):
         if demo:
-            url, body = "/v1/chat/completions", {"messages": demo_messages(mix, i, g)}
+            text = ChatTemplate(None).render(demo_messages(mix, i, g))
+            url, body = "/v1/completions", {"prompt": m.tokenizer.encode(text)}
         else:
             length = int(torch.randint(lo, hi + 1, (1,), generator=g))
             ids = torch.randint(100, m.config.vocab_size, (length,), generator=g).tolist() + [think]

@@ -6,6 +6,7 @@ import json
 
 from elastic_local.cli import main
 from elastic_local.evaluate.report import pareto
+from elastic_local.evaluate.run import asked_second, eval_items
 
 
 def test_eval_on_a_few_items_writes_table_json_and_plot(tmp_path, capsys):
@@ -13,7 +14,8 @@ def test_eval_on_a_few_items_writes_table_json_and_plot(tmp_path, capsys):
     assert main(["eval", "--items", "1", "--levels", "1", "--precisions", "fp8", "--json", str(out),
                  "--plot", str(png)]) == 0
     text = capsys.readouterr().out
-    for heading in ("accuracy per budget and level", "budget control", "load-time quantization"):
+    for heading in ("accuracy per budget and level", "budget control", "asked second in a chat",
+                    "load-time quantization"):
         assert heading in text
     report = json.loads(out.read_text())
     assert report["items"] == 7 and list(report["budgets"]) == ["full", "mid", "small"]
@@ -24,7 +26,19 @@ def test_eval_on_a_few_items_writes_table_json_and_plot(tmp_path, capsys):
     for s in report["scores"]:
         assert s["n"] == 7 and 0 <= s["accuracy"] <= 1 and s["seconds_per_item"] > 0
         assert set(s["by_level"]) == {"1"}
+    second = report["asked_second"]
+    assert second["budget"] == "full" and second["second"]["n"] == 7 and 0 <= second["second"]["accuracy"] <= 1
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_asked_second_puts_another_item_s_question_and_answer_before_each_question():
+    its = eval_items(1, levels=(1,))
+    chats = asked_second(its)
+    assert len(chats) == len(its)
+    for it, chat in zip(its, chats):
+        assert [m["role"] for m in chat] == ["user", "assistant", "user"] and chat[-1]["content"] == it.question
+        before = next(b for b in its if b.question == chat[0]["content"])
+        assert before is not it and chat[1]["content"] == before.answer
 
 
 def test_frontier_keeps_only_configurations_nothing_beats():

@@ -33,6 +33,10 @@ def tables(report: dict) -> str:
         lines.append(f"  {c['key'][0]:<8} {c['key'][1]:<8} {_pct(s['accuracy']):>8} "
                      f"{s['think_tokens_per_item']:>9.1f} {s['seconds_per_item']:>7.3f}  "
                      + " ".join(_pct(s["by_level"].get(x)).rjust(6) for x in levels))
+    if report.get("asked_second"):
+        a = report["asked_second"]
+        lines += ["", f"the same items asked second in a chat, after another question and its answer ({base})",
+                  f"  {a['budget']:<8} asked first {_pct(a['first'])}, asked second {_pct(a['second']['accuracy'])}"]
     if report.get("precision"):
         lines += ["", "load-time quantization: accuracy and recovery of BF16 accuracy"]
         lines.append(f"  {'budget':<8} {'precision':<9} {'accuracy':>8} {'bf16':>7} {'recovery':>8}")

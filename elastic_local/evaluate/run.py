@@ -76,17 +76,27 @@ class Score:
         return d
 
 
+def asked_second(its: list[Item]) -> list[list[dict]]:
+    """Each item as a chat's second question: after the next item's question and its true answer, the answer
+    alone as a chat keeps an answered turn. A model that loses track once a chat has history shows it here."""
+    before = its[1:] + its[:1]
+    return [[*prompt_messages(b), {"role": "assistant", "content": b.answer}, *prompt_messages(it)]
+            for b, it in zip(before, its)]
+
+
 def score(model: ElasticModel, its: list[Item], think: str, answer: str, precision: str = "bf16",
-          batch_size: int = 32, max_think_tokens: int = 512, max_answer_tokens: int = 64) -> Score:
-    """Greedy generation of every item with thinking on `think` and the answer on `answer`. (On a CPU the
-    demo model's items ran 1.7-2.0x faster one at a time than in batches of 32, since its tokens take the C
+          batch_size: int = 32, max_think_tokens: int = 512, max_answer_tokens: int = 64,
+          chats: list[list[dict]] | None = None) -> Score:
+    """Greedy generation of every item with thinking on `think` and the answer on `answer`; `chats`, one
+    conversation per item ending in its question, replaces the item's question alone. (On a CPU the demo
+    model's items ran 1.7-2.0x faster one at a time than in batches of 32, since its tokens take the C
     decode step: Admission finds that out.)"""
     s = Score(think, answer, precision)
     req = Request(think_budget=think, answer_budget=answer, max_think_tokens=max_think_tokens,
                   max_answer_tokens=max_answer_tokens)
+    chats = chats or [prompt_messages(it) for it in its]
     # a Job's capacity is read only against a Memory (batch files), which eval does not set: 0
-    jobs = [Job(i, str(i), COMPLETION, model.chat_prompt(prompt_messages(it)), req, None, 0)
-            for i, it in enumerate(its)]
+    jobs = [Job(i, str(i), COMPLETION, model.chat_prompt(chat), req, None, 0) for i, chat in enumerate(chats)]
     t0 = time.perf_counter()
     results = {job.line: r for job, r in run_jobs(model, jobs, max_batch=batch_size)}
     s.seconds += time.perf_counter() - t0
@@ -141,6 +151,11 @@ def evaluate(path: str | Path | None, per_cell: int = 5, levels: tuple[int, ...]
     for t, a in CONTROL:
         run(model, role[t], role[a], base)
     report["control"] = [{"think": t, "answer": a, "key": [role[t], role[a], base]} for t, a in CONTROL]
+    largest = names[0]
+    say(f"{base} think={largest} answer={largest}: {len(its)} items asked second in a chat")
+    second = score(model, its, largest, largest, base, batch_size, chats=asked_second(its))
+    report["asked_second"] = {"budget": largest, "first": done[(largest, largest, base)].accuracy,
+                              "second": second.to_dict()}
     del model
 
     report["precision"] = []
