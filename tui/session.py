@@ -51,6 +51,12 @@ class ChatSession:
         self.turn: Turn | None = None
 
     @property
+    def follow_ups_alone(self) -> bool:
+        """Whether the model sees a chat's latest message only (its template drops earlier turns, as the
+        demo's does): with earlier turns on screen, the chat says so."""
+        return any(m["role"] == "user" for m in self.chat.messages) and not self.chat.template.keeps_history
+
+    @property
     def streaming(self) -> bool:
         return self.turn is not None and self.turn.reply.status == "streaming"
 

@@ -19,6 +19,7 @@ differently only costs a longer prefill, never a wrong context.
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -94,6 +95,18 @@ class ChatTemplate:
             raise
         except Exception as e:  # jinja2 errors: name the template, not a traceback into it
             raise TemplateError(f"chat template failed to render: {type(e).__name__}: {e}") from None
+
+    @functools.cached_property
+    def keeps_history(self) -> bool:
+        """Whether an earlier turn reaches the model: False for a template that renders a chat's latest
+        message only (the demo's, trained on one question per conversation), which a chat app says."""
+        earlier = "an earlier turn, 5e1f"
+        chat = [{"role": "user", "content": earlier}, {"role": "assistant", "content": "A"},
+                {"role": "user", "content": "B"}]
+        try:
+            return earlier in self.render(chat)
+        except TemplateError:  # a template with rules of its own about turns: assume it keeps them
+            return True
 
 
 def context_messages(messages: list[dict]) -> list[dict]:

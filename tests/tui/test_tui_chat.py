@@ -165,6 +165,19 @@ async def test_a_message_past_the_context_is_an_error_that_keeps_the_text_and_sa
         await wait_until(pilot, lambda: session(pilot).turn and session(pilot).turn.reply.status == "done")
 
 
+async def test_a_follow_up_says_once_that_the_demo_sees_the_latest_message_only(model, monkeypatch):
+    app = make_app(model)
+    notes, notify = [], app.notify
+    monkeypatch.setattr(app, "notify", lambda message, **kw: (notes.append(message), notify(message, **kw)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        for n in range(3):
+            await send(pilot, QUESTION)
+            await wait_until(pilot, lambda: len(Store().conversation(app.screen.conversation_id).messages)
+                             == 2 * (n + 1) and session(pilot).turn.reply.status == "done")  # noqa: B023
+            said = [m for m in notes if "latest message only" in m]
+            assert len(said) == (0 if n == 0 else 1), notes
+
+
 async def test_an_engine_failure_shows_on_the_reply_keeps_the_app_and_is_saved(model, monkeypatch):
     app = make_app(model)
     async with app.run_test(size=(80, 24)) as pilot:

@@ -68,6 +68,7 @@ class ChatScreen(Screen):
         self.reply: Reply | None = None  # the reply the status bar is about: the streaming or the last one
         self.pace = Pace()  # how often the generation worker posts a batch (tui/reply.py)
         self._ui_cpu: float | None = None
+        self.said_follow_ups_alone = False
 
     def compose(self) -> ComposeResult:
         with Horizontal():
@@ -133,6 +134,10 @@ class ChatScreen(Screen):
             self.notify(str(e), severity="error")
             return
         self.reply = self.turn.reply
+        if self.session.follow_ups_alone and not self.said_follow_ups_alone:
+            self.said_follow_ups_alone = True
+            self.notify("This model sees your latest message only (its chat template): earlier turns stay "
+                        "on screen, not in what it reads.", timeout=10)
         message = await self.query_one(ConversationView).add_turn(text, self.turn.reply)
         await self.refresh_sidebar()
         self.refresh_status()
