@@ -1,6 +1,6 @@
 """Score a model on the held-out task items: accuracy per budget and level, budget control (thinking on
-one budget, answering on another), precision recovery, and a comparison with an independently trained
-model.
+one budget, answering on another), the same items asked second in a chat (what a chat's history costs),
+precision recovery, and a comparison with an independently trained model.
 
 Items run as a batch file's requests do (greedy, continuous batching up to `batch_size` rows, or one at a
 time where the first items' timing says that is faster: batch/scheduler.py's Admission), so the time per item
