@@ -170,14 +170,13 @@ def _experts_cpu(flat: torch.Tensor, w: MoEWeights, experts: int, channels: int,
     path's products are). None where it does not run: another device or dtype, weights step.c does not
     read, or gradients to compute."""
     n, d = flat.shape
-    extra = ()
     if flat.dtype == torch.bfloat16:  # a bfloat16 prompt: its own C path
         lib, entry, extra = kernels.cpu_library(flat, weights, bf16=True), "experts_prefill_bf16", (gemv.bf16_dot(),)
     else:
         # plain [out, in] stacks must be float32; panels (float32, or bf16 that step.c widens) and packed
         # weights are read as they are, and the Transposed layout exists only where the kernels do not run
         plain = (t for t in (w.up, w.down) if isinstance(t, torch.Tensor))
-        lib, entry = kernels.cpu_library(flat, weights, *plain), "experts_prefill"
+        lib, entry, extra = kernels.cpu_library(flat, weights, *plain), "experts_prefill", ()
     described = lib and _described(w, experts, channels, d)
     if not described:
         return None

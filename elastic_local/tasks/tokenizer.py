@@ -16,20 +16,20 @@ from pathlib import Path
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 
 # The corpus holds one question per conversation, so the template shows the model a chat's latest question
-# (and any system message) and not the turns before it: asked after another question and its answer, the
-# demo answered 4.8% of the eval's items with the whole history rendered, 56.0% asked first
-# (`elastic-local eval --items 3`, "asked second").
+# (and any system message) and not the turns before it: with the whole history rendered the demo answered
+# a question asked second far worse than asked first (`elastic-local eval`'s "asked second"; README, "The
+# embedded demo model").
 CHAT_TEMPLATE = (
     "{%- set latest = namespace(user=-1) -%}"
     "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set latest.user = loop.index0 -%}{%- endif -%}"
     "{%- endfor -%}"
-    "{%- for m in messages -%}"
-    "{%- if m.role == 'assistant' and loop.index0 > latest.user -%}"
+    "{%- for m in messages -%}{%- if m.role == 'system' or loop.index0 >= latest.user -%}"
+    "{%- if m.role == 'assistant' -%}"
     "{{- '<|im_start|>assistant\\n<think></think>' ~ m.content ~ '<|im_end|>\\n' -}}"
-    "{%- elif m.role == 'system' or (m.role != 'assistant' and loop.index0 >= latest.user) -%}"
+    "{%- else -%}"
     "{{- '<|im_start|>' ~ m.role ~ '\\n' ~ m.content ~ '<|im_end|>\\n' -}}"
     "{%- endif -%}"
-    "{%- endfor -%}"
+    "{%- endif -%}{%- endfor -%}"
     "{%- if add_generation_prompt -%}"
     "{{- '<|im_start|>assistant\\n' ~ ('<think>\\n' if enable_thinking is not defined or enable_thinking "
     "else '<think></think>') -}}"
