@@ -95,7 +95,7 @@ def jobs_for(m, mix: str, n: int, cycled: bool, seed: int = 0) -> list:
     questions (demo_messages); on the random model, completions of random token ids of the mix's lengths.
     With `cycled` the think budget cycles through the model's budgets, else every phase runs on the
     largest. Every request thinks THINK and answers ANSWER tokens (eos ignored), so all runs do equal work."""
-    from elastic_local.batch import Checker, parse
+    from elastic_local.batch.requests import Checker, parse
     from elastic_local.engine.chat import ChatTemplate
 
     lo, hi = MIXES[mix]
@@ -132,8 +132,7 @@ def one_at_a_time(m, jobs) -> tuple[float, dict]:
 
 def batched(m, jobs, max_batch: int, fixed: bool = True) -> tuple[float, dict]:
     """run_jobs at `max_batch` rows, or (`fixed` False, the CLI's way) up to it where batching is the faster."""
-    from elastic_local.batch import run_jobs
-    from elastic_local.batch.scheduler import Admission
+    from elastic_local.batch.scheduler import Admission, run_jobs
 
     t = time.perf_counter()
     out = {j.custom_id: r for j, r in run_jobs(m, jobs, max_batch=max_batch, admission=Admission(fixed))}
@@ -262,8 +261,7 @@ def _status() -> dict[str, int]:
 
 def memory_case(path: str, requests: int, max_batch: int) -> dict:
     """Runs in a fresh process (--memory-case)."""
-    from elastic_local.batch import Memory, run_jobs
-    from elastic_local.batch.scheduler import Admission
+    from elastic_local.batch.scheduler import Admission, Memory, run_jobs
 
     m = load(None if path == "demo" else Path(path), torch.bfloat16)
     jobs = jobs_for(m, "mixed", requests, True)

@@ -21,6 +21,18 @@ if TYPE_CHECKING:
     from .engine import ElasticModel
     from .progress import Progress
 
+# What `elastic-local --help` tells a user (the docstring above is for who reads this file).
+USAGE = """Run elastic reasoning models locally: one checkpoint holds several nested budgets (submodels), and
+generation thinks on one and answers on another.
+
+start here:
+  elastic-local fit                                  what this machine runs (budget, precision, memory)
+  elastic-local generate --prompt "What is 3 + 4?"   one answer from the embedded demo model
+  elastic-chat                                       the terminal chat app
+  elastic-local batch prompts.jsonl out.jsonl        a file of prompts, offline
+
+`elastic-local COMMAND --help` says what each command does, with an example."""
+
 # Modules with a `register(sub)` that adds their subcommands: one line per module.
 COMMAND_MODULES: list[str] = [
     "elastic_local.batch.cli",
@@ -404,7 +416,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """Every command: the ones below, then those of `COMMAND_MODULES`."""
-    parser = argparse.ArgumentParser(prog="elastic-local", description=__doc__,
+    parser = argparse.ArgumentParser(prog="elastic-local", description=USAGE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -472,7 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a budget taking over reuses the other's states instead of catching up (approximate)")
     p.add_argument("--json", action="store_true", help="no streaming; print the result as one JSON object")
 
-    from .hardware.fit import STAR_ELASTIC
+    from .paths import STAR_ELASTIC
 
     p = add_command(sub, "fit", cmd_fit, "which budget and precision fit this machine (or a profile)")
     p.add_argument("dir", nargs="?", default=str(STAR_ELASTIC),

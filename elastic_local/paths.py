@@ -58,9 +58,11 @@ def cache_dir() -> Path:
     return _env_dir("XDG_CACHE_HOME", Path.home() / ".cache") / APP
 
 
-# the models that ship inside the package (package data): the embedded demo model, used when none is named
+# the models that ship inside the package (package data): the embedded demo model, used when none is named,
+# and Star Elastic's description (config only), what `fit` plans for when none is named
 CATALOG = Path(__file__).resolve().parent / "catalog"
 DEMO_MODEL = CATALOG / "demo"
+STAR_ELASTIC = CATALOG / "star-elastic"
 
 
 def default_model() -> Path:

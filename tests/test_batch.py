@@ -19,10 +19,9 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 from tiny import make_checkpoint, write_tokenizer
 
-from elastic_local.batch import Checker, Memory, check_unique, parse, read_lines, run_jobs
 from elastic_local.batch.outfile import OutputError, OutputFile
-from elastic_local.batch.requests import LineError
-from elastic_local.batch.scheduler import Admission
+from elastic_local.batch.requests import Checker, LineError, check_unique, parse, read_lines
+from elastic_local.batch.scheduler import Admission, Memory, run_jobs
 from elastic_local.cli import main
 from elastic_local.engine.generate import Generation
 

@@ -23,6 +23,13 @@ def test_every_command_has_help_and_an_example():
         assert p.description and f"elastic-local {name}" in text, f"{name}: no help text with an example"
 
 
+def test_the_top_level_help_starts_a_user_off_not_a_reader_of_the_code():
+    text = build_parser().format_help()
+    for start in ("elastic-local fit", "elastic-local generate", "elastic-chat", "elastic-local batch"):
+        assert start in text
+    assert "COMMAND_MODULES" not in text and "add_model_options" not in text
+
+
 def _args(*argv: str) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("dir")

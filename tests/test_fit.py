@@ -33,6 +33,7 @@ from elastic_local.model import gemv
 from elastic_local.model.config import NemotronHConfig
 from elastic_local.model.linear import Panels, RowConcat
 from elastic_local.model.nemotron_h import NemotronH
+from elastic_local.paths import STAR_ELASTIC
 from elastic_local.quant.fp8 import FP8Panels
 from elastic_local.quant.scheme import is_quantized, nano_keep, weight_bytes
 
@@ -88,7 +89,7 @@ def test_picks_are_sane(no_user_profiles):
     32K caches, workspace, CUDA context and the 1 GiB margin it still fits (14.5 of 15.0 GiB); 23B NVFP4 (13.7
     GiB of weights, 15.9 in all) does not. So 12B in FP8, still at 64K; at 96K, the extra KV pushes it to NVFP4."""
     def pick(profile, context=32768):
-        p = fit.plan_checkpoint(fit.STAR_ELASTIC, elastic_local.hardware.get_profile(profile), context=context)
+        p = fit.plan_checkpoint(STAR_ELASTIC, elastic_local.hardware.get_profile(profile), context=context)
         return p.pick.budget, p.pick.precision
 
     assert pick("rtx5080") == ("12B", "fp8")
@@ -128,7 +129,7 @@ def test_fit_on_this_machine_builds_the_cpu_kernels_once(no_user_profiles, capsy
 
 
 def test_shipped_description_is_a_valid_nested_table():
-    cfg = NemotronHConfig.from_dir(fit.STAR_ELASTIC)
+    cfg = NemotronHConfig.from_dir(STAR_ELASTIC)
     budgets = read_budgets(cfg)  # 16-aligned cuts, nested, largest first
     assert list(budgets) == ["30B", "23B", "12B"]
     table = cfg.raw["elastic"]
@@ -137,7 +138,7 @@ def test_shipped_description_is_a_valid_nested_table():
     for b, frac in (("23B", 23 / 30), ("12B", 12 / 30)):
         params = next(e["params"] for e in table["budgets"] if e["name"] == b)
         assert abs(params / (frac * table["budgets"][0]["params"]) - 1) <= 0.02
-    assert not list(fit.STAR_ELASTIC.glob("*.safetensors"))  # config only
+    assert not list(STAR_ELASTIC.glob("*.safetensors"))  # config only
 
 
 def test_generator_reproduces_the_shipped_files():
@@ -145,14 +146,14 @@ def test_generator_reproduces_the_shipped_files():
     import make_star_elastic_config as gen
 
     config, _, _ = gen.build()
-    assert gen.render(config) == (fit.STAR_ELASTIC / "config.json").read_text()
+    assert gen.render(config) == (STAR_ELASTIC / "config.json").read_text()
 
 
 def test_cache_and_state_bytes_of_the_parent():
     """KV: 6 attention layers x 2 KV heads x 128 x (K and V) x bf16 per token; Mamba: 23 layers of a bf16
     conv window (4 x 6144) and an fp32 SSM state (64 heads x 64 x 128)."""
-    cfg = NemotronHConfig.from_dir(fit.STAR_ELASTIC)
-    p = fit.plan_checkpoint(fit.STAR_ELASTIC, elastic_local.hardware.get_profile("h100-80gb"), context=32768)
+    cfg = NemotronHConfig.from_dir(STAR_ELASTIC)
+    p = fit.plan_checkpoint(STAR_ELASTIC, elastic_local.hardware.get_profile("h100-80gb"), context=32768)
     c = next(c for c in p.candidates if c.budget == "30B")
     assert c.kv_bytes == 2 * (6 * 2 * 128 * 2 * 2) * 32768  # two caches
     assert c.state_bytes == 2 * 23 * (4 * 6144 * 2 + 64 * 64 * 128 * 4)
@@ -390,7 +391,7 @@ def test_choose_returns_the_pick_or_says_what_is_missing(tiny, no_user_profiles)
     assert fit.choose(tiny / "bf16", profile=tight) == ("full", "bf16", False)
     tiny_gpu = dataclasses.replace(prof, memory_bytes=GIB + 2**20, reserved_bytes=0)
     with pytest.raises(ValueError, match="runs nothing"):
-        fit.choose(fit.STAR_ELASTIC, profile=tiny_gpu)
+        fit.choose(STAR_ELASTIC, profile=tiny_gpu)
 
 
 def test_fit_on_a_cpu_says_which_dtype_the_chat_computes_in(tiny, no_user_profiles, capsys):
@@ -414,7 +415,7 @@ def test_info_and_fit_count_the_same_bytes(tiny, no_user_profiles, capsys):
     """`info` and `fit` read one byte count (checkpoint.offers): a stored quantized file, a BF16 file and
     the Star Elastic description give the same numbers in both, precision by precision."""
     prof = elastic_local.hardware.get_profile("h100-80gb")
-    for path in (tiny / "nvfp4", tiny / "bf16", fit.STAR_ELASTIC):
+    for path in (tiny / "nvfp4", tiny / "bf16", STAR_ELASTIC):
         rc, out, _ = run_cli(capsys, "info", str(path), "--json")
         assert rc == 0
         info = {(b["name"], p): n for b in json.loads(out)["budgets"] for p, n in b["bytes"].items()}

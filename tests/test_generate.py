@@ -15,8 +15,7 @@ import torch
 from gen_util import assert_argmax, at_a_real_models_pace, elastic_model, runs_ahead, sampled_tokens
 
 import elastic_local
-from elastic_local.batch import Checker
-from elastic_local.batch.requests import CHAT
+from elastic_local.batch.requests import CHAT, Checker
 from elastic_local.engine import sampling
 from elastic_local.engine.caches import take_rows, transplant
 from elastic_local.engine.events import CatchUp, Done, Switch, Token

@@ -7,8 +7,3 @@
     progress.py   the progress line and the summary
     cli.py        `elastic-local batch IN OUT [DIR]`
 """
-
-from .requests import Checker, Defaults, Job, LineError, check_unique, parse, read_lines
-from .scheduler import Memory, run_jobs
-
-__all__ = ["Checker", "Defaults", "Job", "LineError", "Memory", "check_unique", "parse", "read_lines", "run_jobs"]

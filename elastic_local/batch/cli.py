@@ -6,10 +6,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..cli import add_model_options, load_from_args, whole
 from ..paths import default_model
-from .requests import Checker, Defaults, Job, LineError, check_unique, parse, read_lines
+
+if TYPE_CHECKING:  # the engine (torch) is imported when the command runs, not when `--help` lists it
+    from .requests import Job, LineError
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
@@ -25,6 +28,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
     elastic-local batch prompts.jsonl answers.jsonl ./ckpt --think-budget small --max-think-tokens 256
     elastic-local batch questions.txt answers.jsonl --dry-run
     """
+    from .requests import Checker, Defaults, Job, LineError, check_unique, parse, read_lines
+
     src, out = Path(args.input), Path(args.output)
     if not src.is_file():
         raise FileNotFoundError(f"{src}: {'a directory, not an' if src.is_dir() else 'no such'} input file")
@@ -84,6 +89,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
 def _resident(it: Job | LineError, budgets: list[str]) -> Job | LineError:
     """A job naming a budget larger than the one loaded (--budget) cannot run."""
+    from .requests import Job, LineError
+
     if isinstance(it, Job):
         for name in (it.request.think_budget, it.request.answer_budget):
             if name is not None and name not in budgets:
@@ -94,6 +101,8 @@ def _resident(it: Job | LineError, budgets: list[str]) -> Job | LineError:
 
 def _report(src: Path, items: list[Job | LineError]) -> int:
     """--dry-run: what would run, and every bad line."""
+    from .requests import Job, LineError
+
     errors = [it for it in items if isinstance(it, LineError)]
     jobs = [it for it in items if isinstance(it, Job)]
     tokens = sum(len(j.prompt) for j in jobs)

@@ -38,7 +38,6 @@ from .planner import Candidate, Plan, WeightOption, Workload, plan
 from .probe import probe_machine
 from .profiles import GIB, Profile, get_profile, profile_from_probe
 
-STAR_ELASTIC = Path(__file__).resolve().parents[1] / "catalog" / "star-elastic"
 COMPUTE_BYTES = 2  # bf16: KV cache, conv state and activations are in the compute dtype
 
 

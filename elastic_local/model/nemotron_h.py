@@ -14,7 +14,6 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from . import graphs, sample, step
 from .attention import AttentionWeights, KVCache, attention
@@ -193,6 +192,9 @@ class NemotronH:
         lengths = torch.tensor(cache.lengths, device=ids.device)
         logits = None
         if step is not None:
+            # imported here: symbolic_shapes pulls in sympy, half a second of every launch that never compiles
+            from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
             # A step is traced in pieces (graph breaks), each run as soon as it is traced: when a later piece
             # fails to trace, the earlier ones have advanced the Mamba states (KV writes are idempotent), and
             # the eager rerun below would advance them again. So a step that may trace (a batch size and
