@@ -1,6 +1,8 @@
 """The command line's shared parts: every command's help has an example, the model options reach `load`."""
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -28,6 +30,26 @@ def test_the_top_level_help_starts_a_user_off_not_a_reader_of_the_code():
     for start in ("elastic-local fit", "elastic-local generate", "elastic-chat", "elastic-local batch"):
         assert start in text
     assert "COMMAND_MODULES" not in text and "add_model_options" not in text
+
+
+def _modules_after(code: str) -> set[str]:
+    """The modules a fresh interpreter holds after running `code`."""
+    out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys; print(' '.join(sys.modules))"],
+                         capture_output=True, text=True, check=True).stdout
+    return set(out.split())
+
+
+def test_help_lists_every_command_without_importing_torch():
+    """torch takes seconds to import: `elastic-local --help` and `elastic-chat`'s first screen should not wait."""
+    held = _modules_after("import elastic_local.cli as c; c.build_parser()")
+    assert "torch" not in held and "elastic_local.cli" in held
+
+
+def test_a_load_and_a_reply_import_no_sympy():
+    """torch's symbolic shapes pull in sympy (half a second of every launch); only a compiled step needs them."""
+    held = _modules_after("import elastic_local; m = elastic_local.load(); list(m.stream(m.chat_prompt('2 + 2?'), "
+                          "max_answer_tokens=2))")
+    assert "torch" in held and "sympy" not in held
 
 
 def _args(*argv: str) -> argparse.Namespace:
