@@ -79,7 +79,8 @@ def test_loading_one_budget_reads_only_its_slices(nested):
     assert m.net.layers[2].mixer.up.shape == (E.experts, E.expert_channels, b.hidden)
     for name in ("half", "quarter"):
         torch.testing.assert_close(m.logits(IDS, budget=name), full.logits(IDS, budget=name), atol=1e-5, rtol=0)
-    with pytest.raises(KeyError, match="unknown budget 'full'"):
+    with pytest.raises(KeyError, match=r"budget 'full' is not resident: this load holds \['half', 'quarter'\] "
+                                       r"\(budget 'half'\); load with budget 'full', or none"):
         m.logits(IDS, budget="full")
 
 

@@ -27,9 +27,10 @@ Prompt = Sequence[int] | torch.Tensor
 
 class ElasticModel:
     def __init__(self, net: NemotronH, budgets: dict[str, Budget], path: Path | None = None,
-                 tokenizer: Tokenizer | None = None):
+                 tokenizer: Tokenizer | None = None, not_resident: Sequence[str] = ()):
         self.net, self.path = net, path
         self._budgets = budgets  # every budget the resident weights can run, largest first
+        self.not_resident = list(not_resident)  # the checkpoint's budgets this load left out (larger ones)
         self.tokenizer = tokenizer  # None when the checkpoint has no tokenizer.json
         # seconds a token of each budget took in its last run ahead (Generation): how far the next one,
         # of any generation on this model, goes in one call (its first included: no token spent timing)
@@ -62,6 +63,9 @@ class ElasticModel:
     def budget(self, name: str | None = None) -> Budget:
         if name is None:
             return self.net.resident
+        if name in self.not_resident:
+            raise KeyError(f"budget {name!r} is not resident: this load holds {self.budgets} (budget "
+                           f"{self.net.resident.name!r}); load with budget {name!r}, or none, to run it")
         if name not in self._budgets:
             raise KeyError(f"unknown budget {name!r}; this model runs {self.budgets}")
         return self._budgets[name]

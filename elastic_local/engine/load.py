@@ -105,4 +105,5 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     if cuda_graphs or (cuda_graphs is None and not compile and net.device.type == "cuda"):
         net.capture_decode()
     gemv.release_threads()  # the loading thread's OpenMP workers: generation may run on another thread
-    return ElasticModel(net, {k: b for k, b in budgets.items() if b.fits_in(resident)}, path, tokenizer)
+    return ElasticModel(net, {k: b for k, b in budgets.items() if b.fits_in(resident)}, path, tokenizer,
+                        not_resident=[k for k, b in budgets.items() if not b.fits_in(resident)])
