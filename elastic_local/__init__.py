@@ -1,7 +1,7 @@
 """elastic-local: a local runner for elastic (nested, many-in-one) Nemotron-H reasoning models.
 
 The public names are imported on first use (PEP 562), not with the package: torch alone takes seconds to
-import, which `elastic-local --help` and the chat app's first screen should not wait for."""
+import, which `elastic-local --help` should not wait for."""
 
 from __future__ import annotations
 
