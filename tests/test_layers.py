@@ -11,7 +11,7 @@ import elastic_local
 ROOT = Path(elastic_local.__file__).parent
 # lower layers first; a module may import its own package and anything in a lower layer
 LAYERS = [
-    {"version", "paths", "progress"},
+    {"version", "paths", "progress", "lazy"},
     {"errors"},
     {"model"},
     {"quant"},

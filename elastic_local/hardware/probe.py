@@ -19,8 +19,6 @@ from dataclasses import asdict, dataclass, field
 
 import psutil
 
-from ..model import gemv
-
 
 class _NvmlStepError(Exception):
     """An NVML call we cannot do without failed; carries which call, for the note."""
@@ -259,6 +257,8 @@ def ram_read_bandwidth_gbps(mib: int = 256, reps: int = 3) -> float | None:
 
 def probe_machine() -> MachineProbe:
     """Read the machine as it is now. Never raises; reasons for a CPU-only result go to `notes`."""
+    from ..model import gemv  # with torch, which the probe reads anyway; `profiles` and `paths` do not
+
     notes: list[str] = []
     gpus, driver, cuda = _probe_nvml(notes)
     t = _probe_torch(notes)
