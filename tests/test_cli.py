@@ -40,9 +40,13 @@ def _modules_after(code: str) -> set[str]:
 
 
 def test_help_paths_and_profiles_run_without_importing_torch():
-    """torch takes seconds to import: the commands that need no model should not wait for it."""
-    held = _modules_after("import elastic_local.cli as c; c.build_parser(); c.main(['paths']); c.main(['profiles'])")
-    assert "torch" not in held and {"elastic_local.cli", "elastic_local.hardware.profiles"} <= held
+    """torch takes seconds to import: the commands that need no model should not wait for it, nor should
+    `elastic-chat --help` or a mistyped flag."""
+    held = _modules_after("import elastic_local.cli as c; c.build_parser(); c.main(['paths']); c.main(['profiles'])\n"
+                          "from elastic_local.tui import cli\ntry:\n    cli.main(['--help'])\nexcept SystemExit:\n"
+                          "    pass")
+    assert "torch" not in held
+    assert {"elastic_local.cli", "elastic_local.hardware.profiles", "elastic_local.tui.cli"} <= held
 
 
 def test_a_load_and_a_reply_import_no_sympy():

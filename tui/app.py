@@ -1,21 +1,19 @@
-"""elastic-chat: the terminal chat app. `main` reads the command line; the app shows the loading screen
-(fit pick, progress) and then the chat screen. Tests and benchmarks hand it a loaded model instead."""
+"""elastic-chat: the terminal chat app. It shows the loading screen (fit pick, progress) and then the chat
+screen; `cli.main` starts it from the command line. Tests and benchmarks hand it a loaded model instead."""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from textual.app import App
 from textual.binding import Binding
 
 from elastic_local.engine import ElasticModel
-from elastic_local.engine.sampling import Sampling
 
 from .screens.chat import ChatScreen
 from .screens.load import LoadScreen
 from .session import ChatSession
-from .start import Options, model_dir, parser
+from .start import Options
 from .store import Store
 
 # The interpreter's switch interval while the app runs. The generation thread holds no interpreter lock in
@@ -70,26 +68,3 @@ class ElasticChat(App):
         sys.setswitchinterval(self._switch_interval)
         if self.session is not None:
             self.session.cancel()
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    try:
-        options = Options(model_dir(args.dir), args.profile, args.context, args.budget, args.precision, args.device)
-        sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                        seed=args.seed)
-        Sampling(**sampling)  # a value out of range: one line now, not at the first reply
-        store = Store(Path(args.history) if args.history else None)
-    except Exception as e:  # one line; a bug's traceback goes to a file (elastic_local.errors)
-        from elastic_local.errors import report
-
-        return report("elastic-chat", e)
-    app = ElasticChat(options, store=store, think_budget=args.think_budget, answer_budget=args.answer_budget,
-                      thinking=not args.no_think, max_think_tokens=args.max_think_tokens,
-                      max_answer_tokens=args.max_tokens, **sampling)
-    app.run()
-    return app.return_code or 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

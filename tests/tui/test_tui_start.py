@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from elastic_local.tui.app import ElasticChat, main
+from elastic_local.tui.app import ElasticChat
+from elastic_local.tui.cli import main, parser
 from elastic_local.tui.screens.chat import ChatScreen
-from elastic_local.tui.start import Options, model_dir, parser, plan
+from elastic_local.tui.start import Options, model_dir, plan
 from elastic_local.tui.widgets.prompt import PromptInput
 from tui_util import wait_until
 
