@@ -4,19 +4,21 @@ screen; `cli.main` starts it from the command line. Tests and benchmarks hand it
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from textual.app import App
 from textual.binding import Binding
 
-from elastic_local.engine import ElasticModel
-
-from .screens.chat import ChatScreen
 from .screens.load import LoadScreen
-from .session import ChatSession
 from .start import Options
 from .store import Store
 
-# The interpreter's switch interval while the app runs. The generation thread holds no interpreter lock in
+if TYPE_CHECKING:
+    from elastic_local.engine import ElasticModel
+
+    from .session import ChatSession
+
+# The interpreter's switch interval while the chat screen runs. The generation thread holds no interpreter lock in
 # C (a run ahead's 2 ms of a demo model's tokens), but needs it back between calls; while the UI thread
 # renders, it waited out the default 5 ms each time: the app decoded at 0.56-0.77x `generate`'s rate, and
 # at 0.91-0.98x with 0.2 ms set for the whole process and 0.80-1.08x through this setting, the reply's wall time
@@ -43,10 +45,9 @@ class ElasticChat(App):
         self._switch_interval = sys.getswitchinterval()  # the process's own, given back at unmount
 
     def on_mount(self) -> None:
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.store = self.store or Store()
         if self.model is None:
-            self.push_screen(LoadScreen(self.options))
+            self.push_screen(LoadScreen(self.options, self.session_options))
         else:
             self.open_chat(self.model)
 
@@ -55,6 +56,10 @@ class ElasticChat(App):
         self.open_chat(event.model)
 
     def open_chat(self, model: ElasticModel) -> None:
+        from .screens.chat import ChatScreen  # the engine's modules: not before the loading screen shows
+        from .session import ChatSession
+
+        sys.setswitchinterval(SWITCH_INTERVAL_S)  # from the chat on: the load's imports ran ~0.5 s slower under it
         self.model = model
         self.session = ChatSession(model, self.store, precision=self.precision, **self.session_options)
         context = self.options.context if self.options is not None else 0

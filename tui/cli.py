@@ -1,5 +1,6 @@
-"""`elastic-chat [DIR]`: the command line. It imports nothing heavy until its arguments parse, so `--help`
-and a mistyped flag answer at once; the app and the engine (torch) come after."""
+"""`elastic-chat [DIR]`: the command line. Nothing here imports torch: `--help` and a mistyped flag answer at
+once, and the app shows its loading screen before torch's seconds of import, which its worker takes (the
+device, the sampling flags and the rest of the start are checked there: start.py)."""
 
 from __future__ import annotations
 
@@ -34,8 +35,6 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)  # --help and a mistyped flag answer before the imports below
-    from elastic_local.engine.sampling import Sampling
-
     from .app import ElasticChat
     from .start import Options, model_dir
     from .store import Store
@@ -44,7 +43,6 @@ def main(argv: list[str] | None = None) -> int:
         options = Options(model_dir(args.dir), args.profile, args.context, args.budget, args.precision, args.device)
         sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                         seed=args.seed)
-        Sampling(**sampling)  # a value out of range: one line now, not at the first reply
         store = Store(Path(args.history) if args.history else None)
     except Exception as e:  # one line; a bug's traceback goes to a file (elastic_local.errors)
         from elastic_local.errors import report
@@ -53,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     app = ElasticChat(options, store=store, think_budget=args.think_budget, answer_budget=args.answer_budget,
                       thinking=not args.no_think, max_think_tokens=args.max_think_tokens,
                       max_answer_tokens=args.max_tokens, **sampling)
-    app.run()
+    outcome = app.run()
+    if isinstance(outcome, Exception):  # the loading screen's: a flag out of range, no GPU, no fit, a bad file
+        from elastic_local.errors import report
+
+        return report("elastic-chat", outcome)
     return app.return_code or 0
 
 

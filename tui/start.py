@@ -1,20 +1,24 @@
 """What `elastic-chat` does before the chat opens: find the model, ask the fit planner what this machine
-(or a profile) runs, and load that with progress. The planner and the loader are the library's."""
+(or a profile) runs, and load that with progress. The planner and the loader are the library's.
+
+Everything that needs torch (the device, the sampling flags' range, the plan, the load) runs on the
+loading screen's worker, so the screen shows at once, not after torch's seconds of import."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-import elastic_local
-from elastic_local.engine import ElasticModel
-from elastic_local.hardware import Plan, get_profile
-from elastic_local.hardware.fit import in_float32, live_profile, plan_checkpoint, summary
 from elastic_local.hardware.profiles import GIB
 from elastic_local.paths import default_model
-from elastic_local.progress import Progress
+
+if TYPE_CHECKING:
+    import torch
+
+    from elastic_local.engine import ElasticModel
+    from elastic_local.hardware import Plan
+    from elastic_local.progress import Progress
 
 
 @dataclass
@@ -24,12 +28,7 @@ class Options:
     context: int = 4096
     budget: str | None = None  # None: the planner's pick
     precision: str | None = None  # None: the planner's pick
-    device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu (as every elastic-local command)
-
-    def __post_init__(self) -> None:
-        from elastic_local.cli import resolve_device
-
-        self.device = resolve_device(self.device)  # cuda without a GPU is a ValueError naming the fix
+    device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu (as every elastic-local command): `plan`
 
 
 @dataclass
@@ -59,9 +58,26 @@ def model_dir(arg: str | None) -> Path:
     return path
 
 
+def check_sampling(session_options: dict) -> None:
+    """The sampling flags among the chat's options, out of range: a ValueError before the load."""
+    from elastic_local.engine.sampling import Sampling
+
+    from .session import SAMPLING
+
+    Sampling(**{k: v for k, v in session_options.items() if k in SAMPLING})
+
+
 def plan(o: Options) -> tuple[Plan, Pick]:
     """The fit planner's view of the model on the machine, and the pick (options given win over it). With
-    profile auto it plans for the device the model loads on: the GPU, or this machine's RAM for cpu."""
+    profile auto it plans for the device the model loads on: the GPU, or this machine's RAM for cpu. It
+    resolves `o.device` first (cuda without a GPU is a ValueError naming the fix)."""
+    import torch
+
+    from elastic_local.cli import resolve_device
+    from elastic_local.hardware import get_profile
+    from elastic_local.hardware.fit import in_float32, live_profile, plan_checkpoint, summary
+
+    o.device = resolve_device(o.device)
     profile = live_profile(o.device) if o.profile == "auto" else get_profile(o.profile)
     p = plan_checkpoint(o.dir, profile, context=o.context)
     c = p.pick
@@ -81,5 +97,7 @@ def plan(o: Options) -> tuple[Plan, Pick]:
 
 
 def load(o: Options, pick: Pick, progress: Progress | None = None) -> ElasticModel:
+    import elastic_local
+
     return elastic_local.load(o.dir, budget=pick.budget, precision=pick.precision, device=o.device,
                               dtype=pick.dtype, progress=progress)

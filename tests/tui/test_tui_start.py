@@ -1,5 +1,6 @@
 """Starting elastic-chat: the device defaults to auto as in every elastic-local command (cuda when torch sees
-a GPU, cpu otherwise), the fit planner plans for that device, and the loading screen opens the chat."""
+a GPU, cpu otherwise), the fit planner plans for that device, and the loading screen opens the chat, or
+closes the app with a one-line error."""
 
 from __future__ import annotations
 
@@ -10,25 +11,49 @@ from elastic_local.tui.cli import main, parser
 from elastic_local.tui.screens.chat import ChatScreen
 from elastic_local.tui.start import Options, model_dir, plan
 from elastic_local.tui.widgets.prompt import PromptInput
+from textual.app import App
 from tui_util import wait_until
+
+from elastic_local.hardware import fit
 
 
 def test_device_defaults_to_auto():
     assert parser().parse_args([]).device == "auto"
 
 
-def test_auto_device_is_cpu_without_a_gpu_and_cuda_with_one(monkeypatch):
+def test_plan_resolves_auto_to_cpu_without_a_gpu_and_cuda_with_one(monkeypatch):
+    """The device is resolved on the loading screen's worker (`plan`), where torch imports, not before."""
+    seen = []
+    cpu = fit.live_profile("cpu")
+    monkeypatch.setattr(fit, "live_profile", lambda device: seen.append(device) or cpu)
+    without, with_one = Options(model_dir(None)), Options(model_dir(None))
+    assert without.device == "auto"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert Options(model_dir(None)).device == "cpu"
+    plan(without)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert Options(model_dir(None)).device == "cuda"
+    plan(with_one)
+    assert (without.device, with_one.device) == ("cpu", "cuda") and seen == ["cpu", "cuda"]
 
 
-def test_cuda_without_a_gpu_is_a_one_line_error(monkeypatch, capsys):
+def _headless(monkeypatch) -> list[ElasticChat]:
+    """`main` runs its app headless (the test has no terminal); the apps it ran."""
+    apps = []
+
+    def run(self):
+        apps.append(self)
+        return App.run(self, headless=True, size=(80, 24))
+
+    monkeypatch.setattr(ElasticChat, "run", run)
+    return apps
+
+
+def test_cuda_without_a_gpu_is_a_one_line_error_from_the_loading_screen(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    apps = _headless(monkeypatch)
     assert main(["--device", "cuda"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("elastic-chat: error: --device cuda:") and "use --device cpu" in err
+    assert len(err.strip().splitlines()) == 1 and apps[0].session is None  # no chat opened
 
 
 def test_cpu_plans_for_this_machines_ram(monkeypatch):
@@ -43,13 +68,11 @@ def test_cpu_computes_in_float32_where_it_fits_else_bfloat16(monkeypatch):
     kernels run: they stay bf16). The pick loads float32 only where that fits."""
     import dataclasses
 
-    from elastic_local.tui import start
-
     from elastic_local.hardware.fit import plan_checkpoint
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     o = Options(model_dir(None))
-    roomy = start.live_profile("cpu")
+    roomy = fit.live_profile("cpu")
     _, pick = plan(o)
     assert pick.dtype == torch.float32 and "float32 compute" in pick.line
     wide = next(c for c in plan_checkpoint(o.dir, roomy, context=o.context, float32=True).candidates
@@ -66,7 +89,7 @@ def test_cpu_computes_in_float32_where_it_fits_else_bfloat16(monkeypatch):
         lo, hi = (lo, (lo + hi) // 2) if fits((lo + hi) // 2, False) else ((lo + hi) // 2, hi)
     memory = hi
     assert fits(memory, False) and not fits(memory, True)
-    monkeypatch.setattr(start, "live_profile", lambda device: dataclasses.replace(
+    monkeypatch.setattr(fit, "live_profile", lambda device: dataclasses.replace(
         roomy, memory_bytes=memory, reserved_bytes=0))
     _, tight = plan(o)
     assert (tight.budget, tight.precision, tight.dtype) == (pick.budget, pick.precision, torch.bfloat16)
@@ -91,9 +114,11 @@ def test_sampling_flags_reach_the_chat_and_a_bad_one_is_a_one_line_error(monkeyp
     assert main(["--temperature", "0.7", "--top-k", "40", "--top-p", "0.9", "--min-p", "0.05", "--seed", "3"]) == 0
     assert {k: seen[k] for k in ("temperature", "top_k", "top_p", "min_p", "seed")} == \
         dict(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, seed=3)
-    seen.clear()
-    assert main(["--top-p", "0"]) == 2 and not seen  # refused before the app starts
-    assert "top_p=0.0 must be in (0, 1]" in capsys.readouterr().err
+    apps = _headless(monkeypatch)
+    assert main(["--top-p", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "top_p=0.0 must be in (0, 1]" in err and len(err.strip().splitlines()) == 1
+    assert apps[0].session is None and apps[0].model is None  # refused before the load
 
 
 def test_sample_commands_parse_and_say_how_to_write_them():

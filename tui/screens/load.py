@@ -1,9 +1,11 @@
 """The first screen: the fit planner's pick (budget, precision, memory, why) and a progress bar while the
-model loads on a worker thread; the app opens the chat when it is loaded."""
+model loads on a worker thread, which also imports torch and checks what needs it; the app opens the chat
+when the model is loaded, or closes with the error."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from textual import work
 from textual.app import ComposeResult
@@ -12,9 +14,10 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Label, ProgressBar, Static
 
-from elastic_local.engine import ElasticModel
+from ..start import Options, Pick, check_sampling, load, plan
 
-from ..start import Options, Pick, load, plan
+if TYPE_CHECKING:
+    from elastic_local.engine import ElasticModel
 
 
 class LoadScreen(Screen):
@@ -23,15 +26,18 @@ class LoadScreen(Screen):
         model: ElasticModel
         pick: Pick
 
-    def __init__(self, options: Options):
+    def __init__(self, options: Options, session_options: dict | None = None):
         super().__init__()
-        self.options = options
+        self.options, self.session_options = options, session_options or {}
 
     def compose(self) -> ComposeResult:
         with Vertical(id="loading"):
             yield Label(f"elastic-chat: {self.options.dir}", id="model-dir")
-            yield Static("Probing this machine and planning what fits…", id="pick", markup=False)
-            yield ProgressBar(id="progress", show_eta=True)
+            yield Static("Starting: importing torch, probing this machine, planning what fits…", id="pick",
+                         markup=False)
+            # a still bar until the load reports: an animated one held the interpreter lock from the worker's
+            # imports (the chat opened 0.5 s later)
+            yield ProgressBar(id="progress", show_eta=True, total=1)
             yield Label("", id="what")
 
     def on_mount(self) -> None:
@@ -39,13 +45,14 @@ class LoadScreen(Screen):
 
     @work(thread=True, exclusive=True)
     def load(self) -> None:
-        try:
+        try:  # torch imports here, with the screen already up
+            check_sampling(self.session_options)
             _, pick = plan(self.options)
             self.app.call_from_thread(self.query_one("#pick", Static).update, f"{pick.why}\nLoading: {pick.line}")
             model = load(self.options, pick, progress=lambda done, total, what: self.app.call_from_thread(
                 self.progress, done, total, what))
-        except (ValueError, KeyError, FileNotFoundError) as e:
-            self.app.call_from_thread(self.app.exit, message=f"elastic-chat: error: {e}", return_code=2)
+        except Exception as e:  # the app closes and returns it: cli.main reports it as every command does
+            self.app.call_from_thread(self.app.exit, e, 2)
             return
         self.post_message(self.Loaded(model, pick))
 
