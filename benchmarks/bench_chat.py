@@ -96,10 +96,10 @@ async def app_run(model, args, screenshot: Path | None = None) -> tuple[dict, fl
         return reply.stats, seconds
 
 
-def launch_times(dir: str | None, home: Path, reps: int) -> list[tuple[float, float]]:
-    """Seconds from starting `elastic-chat [DIR]` (this install's script) in a tmux pane to its first screen
-    (any of its text: the loading screen, shown before torch imports) and to its chat footer, per rep."""
-    command = f"{Path(sys.executable).with_name('elastic-chat')} {dir or ''}"
+def launch_times(dir: str | None, home: Path, reps: int, script: Path | None = None) -> list[tuple[float, float]]:
+    """Seconds from starting `elastic-chat [DIR]` (`script`, default this install's) in a tmux pane to its
+    first screen (any of its text: the loading screen, shown before torch imports) and to its chat footer."""
+    command = f"{script or Path(sys.executable).with_name('elastic-chat')} {dir or ''}"
     out = []
     for i in range(reps):
         name = f"bench-chat-{os.getpid()}-{i}"

@@ -28,7 +28,7 @@ class Options:
     context: int = 4096
     budget: str | None = None  # None: the planner's pick
     precision: str | None = None  # None: the planner's pick
-    device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu (as every elastic-local command): `plan`
+    device: str = "auto"  # auto: cuda with a GPU torch sees, else cpu, as every command; `plan` resolves it
 
 
 @dataclass

@@ -108,6 +108,21 @@ async def test_the_loading_screen_opens_the_chat_on_the_cpu_by_default():
         assert app.model.device.type == "cpu" and app.model.dtype == torch.float32
 
 
+def test_a_bug_on_the_loading_screen_is_an_internal_error_with_its_traceback_in_a_file(monkeypatch, capsys, tmp_path):
+    from elastic_local.tui.screens import load
+
+    def broken(options):
+        raise RuntimeError("a planner bug")
+
+    monkeypatch.setenv("ELASTIC_LOCAL_HOME", str(tmp_path))  # its logs/ takes the traceback, its data the history
+    monkeypatch.setattr(load, "plan", broken)
+    apps = _headless(monkeypatch)
+    assert main([]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("elastic-chat: internal error") and "RuntimeError: a planner bug" in err
+    assert "traceback in" in err and apps[0].session is None
+
+
 def test_sampling_flags_reach_the_chat_and_a_bad_one_is_a_one_line_error(monkeypatch, capsys):
     seen = {}
     monkeypatch.setattr(ElasticChat, "run", lambda self: seen.update(self.session_options))
