@@ -88,6 +88,20 @@ def test_generation_options_out_of_range_are_value_errors_naming_the_value(model
         model.generate([1, 2, 3], **options)
 
 
+@pytest.mark.parametrize("options, message", [
+    (dict(max_new_tokens=8), r"unknown generation option 'max_new_tokens'; did you mean max_think_tokens and "
+                             r"max_answer_tokens \(a limit per phase\)\?"),
+    (dict(temprature=0.5), r"unknown generation option 'temprature'; did you mean temperature\?"),
+    (dict(colour="red"), r"unknown generation option 'colour' The options are: think_budget, answer_budget, "),
+])
+def test_an_unknown_generation_option_is_named_with_the_likely_one(model, options, message):
+    """generate, stream and chat (at its creation, not its first turn) all say which option they do not know."""
+    for call in (lambda: model.generate([1, 2, 3], **options), lambda: model.stream([1, 2, 3], **options),
+                 lambda: model.chat(**options), lambda: model.chat().send("Hi", **options)):
+        with pytest.raises(TypeError, match=message):
+            call()
+
+
 @pytest.mark.parametrize("prompt, message", [
     ([], r"every prompt needs at least one token"),
     ([1, 200], r"prompt token 200 is not an id of the vocabulary of 96 \(0..95\)"),

@@ -142,6 +142,7 @@ class Chat:
     def __init__(self, model: ElasticModel, system: str | None = None, think: bool = True, **options):
         if model.tokenizer is None:
             raise ValueError("chat needs a tokenizer (tokenizer.json in the checkpoint directory)")
+        Request.of(**options)  # an unknown option fails here, not at the first turn
         self.model, self.think, self.options = model, think, options
         tok = model.tokenizer
         self.template = ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token)
@@ -164,7 +165,7 @@ class Chat:
             raise RuntimeError("the previous turn is still running; cancel it or read it to the end")
         messages = self.messages + [{"role": "user", "content": text}]
         ids, mark = self.prompt(messages, think)
-        req = Request(**{**self.options, **options})
+        req = Request.of(**{**self.options, **options})
         return Generation(self.model, [ids], req, session=self.session, mark=mark), messages
 
     def _commit(self, messages: list[dict], r: Result) -> None:

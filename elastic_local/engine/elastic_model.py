@@ -116,14 +116,14 @@ class ElasticModel:
         one Result each, decoded together. `cancel` (a threading.Event) stops it before the next step: the
         next token, or after a run of tokens of at most RUN_AHEAD_S (generate.py)."""
         prompts, single = _prompts(prompt_ids)
-        results = Generation(self, prompts, Request(**options), cancel=cancel).collect()
+        results = Generation(self, prompts, Request.of(**options), cancel=cancel).collect()
         return results[0] if single else results
 
     def stream(self, prompt_ids: Prompt | Sequence[Prompt], **options) -> Stream:
         """Like generate, on a background thread: iterate the Stream for Token / CatchUp / Switch / Done
         events; `.switch(think=..., answer=...)` and `.cancel()` act from the next token on."""
         prompts, _ = _prompts(prompt_ids)
-        return Stream(Generation(self, prompts, Request(**options)))
+        return Stream(Generation(self, prompts, Request.of(**options)))
 
     def chat(self, system: str | None = None, think: bool = True, **options) -> Chat:
         """A multi-turn conversation that reuses caches between turns (see chat.py); `options` are the

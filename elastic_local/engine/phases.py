@@ -12,8 +12,9 @@ in generate.py feeds it the tokens it samples and turns its Pieces into Token ev
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property
 from typing import NamedTuple
 
@@ -67,9 +68,28 @@ class Request:
             if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
                 raise ValueError(f"{name}={n!r} must be a whole number >= 0 (or None: no limit)")
 
+    @classmethod
+    def of(cls, **options) -> Request:
+        """A Request from generate's / stream's / a chat's keyword options. A name it does not know is a
+        TypeError naming the ones it does, and the likely one: other runners' `max_new_tokens` is two
+        limits here, one a phase."""
+        known = [f.name for f in fields(cls)]
+        for name in options:
+            if name not in known:
+                likely = ALIASES.get(name) or " or ".join(difflib.get_close_matches(name, known, n=2))
+                raise TypeError(f"unknown generation option {name!r}" + (f"; did you mean {likely}?" if likely else "")
+                                + f" The options are: {', '.join(known)}")
+        return cls(**options)
+
     @property
     def sampling(self) -> Sampling:
         return Sampling(self.temperature, self.top_k, self.top_p, self.min_p, self.seed)
+
+
+# Other runners' names for what a Request splits by phase.
+_LIMITS = "max_think_tokens and max_answer_tokens (a limit per phase)"
+ALIASES = {"max_new_tokens": _LIMITS, "max_tokens": _LIMITS, "budget": "think_budget and answer_budget",
+           "stop_strings": "stop", "stop_token_ids": "stop_ids", "eos_token_id": "stop_ids"}
 
 
 def start_phase(prompt: list[int], sp: Specials) -> str:
