@@ -259,6 +259,23 @@ def test_output_file_repairs_a_torn_line_and_refuses_a_foreign_file(tmp_path):
         OutputFile(tmp_path / "other.jsonl")
 
 
+def test_an_output_file_of_other_requests_is_kept_and_said(ckpt, tmp_path, capsys):
+    """Appending answers to a file that holds another input's (a reused name) keeps them, and says so."""
+    first, second, out = tmp_path / "first.txt", tmp_path / "second.jsonl", tmp_path / "out.jsonl"
+    first.write_text("hello\nthere\n")
+    second.write_text('{"custom_id": "mine", "prompt": "hi", "max_tokens": 2}\n')
+    assert main(["batch", str(first), str(out), str(ckpt), "--max-tokens", "2"]) == 0
+    assert "none of them" not in capsys.readouterr().err
+    assert main(["batch", str(second), str(out), str(ckpt)]) == 0
+    err = capsys.readouterr().err
+    assert f"{out}: holds 2 records, none of them for {second}'s requests; appending after them" in err
+    ids = [r["custom_id"] for r in records(out)]
+    assert sorted(ids[:2]) == ["line-1", "line-2"] and ids[2] == "mine"
+    assert main(["batch", str(second), str(out), str(ckpt)]) == 0  # a rerun resumes, quietly
+    err = capsys.readouterr().err
+    assert "none of them" not in err and "1 from before" in err and len(records(out)) == 3
+
+
 def test_plain_text_and_prompt_jsonl_forms_and_dry_run(ckpt, tmp_path, capsys):
     text = tmp_path / "prompts.txt"
     text.write_text("what is two plus two\n\n{not json, just a prompt}\nname a color\n")

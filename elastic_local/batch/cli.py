@@ -59,6 +59,9 @@ def cmd_batch(args: argparse.Namespace) -> int:
         summary = Summary(len(items), len(items) - len(todo))
         if f.repaired:
             print(f"{out}: cut a torn last line ({f.repaired} bytes) left by an interrupted run", file=sys.stderr)
+        if f.done and len(todo) == len(items):
+            print(f"{out}: holds {len(f.done)} records, none of them for {src}'s requests; appending after them "
+                  "(a rerun of the same input resumes; give another OUT to keep the answers apart)", file=sys.stderr)
         if any(isinstance(it, Job) for it in todo):
             model = load_from_args(args, str(path))
             todo = [_resident(it, model.budgets) for it in todo]

@@ -59,9 +59,9 @@ class ProgressBar:
     """One line on stderr, redrawn at most every `every` seconds (a new line each time when stderr is not
     a terminal, less often)."""
 
-    def __init__(self, summary: Summary, out: TextIO = sys.stderr, every: float | None = None):
-        self.s, self.out = summary, out
-        self.tty = out.isatty()
+    def __init__(self, summary: Summary, out: TextIO | None = None, every: float | None = None):
+        self.s, self.out = summary, out or sys.stderr  # sys.stderr as it is now, not at import
+        self.tty = self.out.isatty()
         self.every = every if every is not None else (0.2 if self.tty else 10.0)
         self.last = 0.0
         self.tokens = 0  # generated so far, finished requests or not
