@@ -4,6 +4,7 @@ screen; `cli.main` starts it from the command line. Tests and benchmarks hand it
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from textual.app import App
@@ -31,15 +32,20 @@ class ElasticChat(App):
 
     CSS_PATH = "chat.tcss"
     TITLE = "elastic-chat"
-    BINDINGS = [Binding("ctrl+q", "quit", "Quit", show=False, priority=True)]
+    BINDINGS = [Binding("ctrl+q", "quit", "Quit", show=False, priority=True, id="quit")]
     ENABLE_COMMAND_PALETTE = False  # every action has a key (F1 lists them); the footer needs the room
 
     def __init__(self, options: Options | None = None, model: ElasticModel | None = None,
-                 store: Store | None = None, precision: str = "", **session_options):
+                 store: Store | None = None, precision: str = "", keys: Mapping[str, str] | None = None,
+                 **session_options):
+        """`keys`: action -> keys, as keys.load reads them from keys.toml (checked there)."""
         super().__init__()
         if (options is None) == (model is None):
             raise ValueError("give ElasticChat either options (to load a model) or a loaded model")
         self.options, self.model, self.store = options, model, store
+        self.keys = dict(keys or {})
+        if self.keys:
+            self.set_keymap(self.keys)
         self.precision, self.session_options = precision, session_options
         self.session: ChatSession | None = None
         self._switch_interval = sys.getswitchinterval()  # the process's own, given back at unmount

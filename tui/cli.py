@@ -8,10 +8,15 @@ import argparse
 import sys
 from pathlib import Path
 
+from .keys import ACTIONS
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="elastic-chat", description="Chat with an elastic reasoning model in the "
-                                "terminal: budgets of thinking and answering switched live, history kept.")
+                                "terminal: budgets of thinking and answering switched live, history kept.",
+                                epilog="F1 in the app lists every key and slash command. keys.toml in the config "
+                                "dir (`elastic-local paths`) moves keys, one line per action: answer_budget = "
+                                f"\"f8\" (the actions: {', '.join(ACTIONS)}).")
     p.add_argument("dir", nargs="?", help="checkpoint directory (default: the embedded demo model)")
     p.add_argument("--profile", default="auto", help="hardware profile the fit planner plans for (auto: this machine)")
     p.add_argument("--context", type=int, default=4096, help="tokens of context to plan for (default 4096)")
@@ -35,11 +40,13 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)  # --help and a mistyped flag answer before the imports below
+    from . import keys
     from .app import ElasticChat
     from .start import Options, model_dir
     from .store import Store
 
     try:
+        keymap = keys.load()
         options = Options(model_dir(args.dir), args.profile, args.context, args.budget, args.precision, args.device)
         sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                         seed=args.seed)
@@ -48,9 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         from elastic_local.errors import report
 
         return report("elastic-chat", e)
-    app = ElasticChat(options, store=store, think_budget=args.think_budget, answer_budget=args.answer_budget,
-                      thinking=not args.no_think, max_think_tokens=args.max_think_tokens,
-                      max_answer_tokens=args.max_tokens, **sampling)
+    app = ElasticChat(options, store=store, keys=keymap, think_budget=args.think_budget,
+                      answer_budget=args.answer_budget, thinking=not args.no_think,
+                      max_think_tokens=args.max_think_tokens, max_answer_tokens=args.max_tokens, **sampling)
     outcome = app.run()
     if isinstance(outcome, Exception):  # the loading screen's: a flag out of range, no GPU, no fit, a bad file
         from elastic_local.errors import report

@@ -7,6 +7,7 @@
     /sample temperature=0.7 top_p=0.9  sampling (also top_k=, min_p=, seed=); /sample off: greedy
     /new                            a new conversation
     /export                         write this conversation as Markdown and JSON
+    /copy [think|prompt|all]        the last answer to the clipboard (or its thinking, your message, the chat)
     /help                           every key and command
 """
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 
 from .session import SAMPLING
 
+COPY = ("", "answer", "think", "prompt", "all")
 HELP = [line.strip() for line in __doc__.splitlines()[2:] if line.strip()]
 
 
@@ -25,12 +27,12 @@ class CommandError(ValueError):
 
 @dataclass(frozen=True)
 class Command:
-    name: str  # "budget" | "think" | "system" | "sample" | "new" | "export" | "help"
+    name: str  # "budget" | "think" | "system" | "sample" | "new" | "export" | "copy" | "help"
     budgets: dict[str, str] = field(default_factory=dict)
     sampling: dict[str, float | int | None] = field(default_factory=dict)  # /sample's settings
     thinking: bool | None = None
     think_tokens: int | None = None
-    text: str = ""
+    text: str = ""  # /system's prompt; /copy's what
 
 
 def parse(line: str) -> Command:
@@ -57,6 +59,10 @@ def parse(line: str) -> Command:
         return Command("system", text=rest)
     if name == "sample":
         return Command("sample", sampling=_sampling(rest))
+    if name == "copy":
+        if rest not in COPY:
+            raise CommandError(f"/copy {rest}: write /copy (the last answer), /copy think, /copy prompt or /copy all")
+        return Command("copy", text=rest or "answer")
     if name in ("new", "export", "help"):
         if rest:
             raise CommandError(f"/{name} takes nothing after it")

@@ -23,6 +23,8 @@ class Tmux:
         line = " ".join(command)
         subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "80", "-y", "24",
                         f"env {exports} {line}; echo EXITED $?; sleep 60"], check=True)
+        # an app's clipboard writes (OSC 52) become tmux paste buffers, which `buffer` reads
+        subprocess.run(["tmux", "set-option", "-s", "set-clipboard", "on"], check=True)
 
     def keys(self, *keys: str) -> None:
         subprocess.run(["tmux", "send-keys", "-t", self.name, *keys], check=True)
@@ -39,6 +41,9 @@ class Tmux:
                 return screen
             time.sleep(0.2)
         raise AssertionError(f"{text!r} never appeared; the terminal shows:\n{self.screen()}")
+
+    def buffer(self) -> str:
+        return subprocess.run(["tmux", "show-buffer"], capture_output=True, text=True).stdout
 
     def close(self) -> None:
         subprocess.run(["tmux", "kill-session", "-t", self.name], check=False)
@@ -57,6 +62,9 @@ def test_elastic_chat_with_no_dir_answers_in_a_real_terminal(home, tmp_path):
         screen = t.wait_for("catch-up")  # the stats line: the reply is done
         assert "█ What is 347 + 589?" in screen and "▶ Thinking" in screen  # thinking folded
         assert "347 + 589 = " in screen  # the demo model's answer
+        t.keys("F5")  # the answer to the terminal's clipboard
+        t.wait_for("Copied the answer")
+        assert t.buffer().startswith("347 + 589 = ")
         t.keys("/export", "Enter")
         t.wait_for("Exported to")
         t.keys("C-q")

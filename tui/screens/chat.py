@@ -25,7 +25,7 @@ from elastic_local import paths
 from elastic_local.engine.events import Event
 
 from ..commands import Command, CommandError, parse
-from ..export import export
+from ..export import export, to_markdown
 from ..reply import Pace, Reply, pump
 from ..session import ChatSession, Turn
 from ..store import Store
@@ -47,17 +47,22 @@ class ReplyEvents(Message):
 
 
 class ChatScreen(Screen):
-    BINDINGS = [
-        Binding("escape", "cancel", "Stop", tooltip="stop the reply before its next token; the prompt comes back"),
-        Binding("f2", "cycle('think')", "Think", tooltip="next think budget (smaller, wrapping), live mid-reply"),
-        Binding("f3", "cycle('answer')", "Answer", tooltip="next answer budget (smaller, wrapping), live mid-reply"),
-        Binding("f4", "toggle_thinking", "Thinking", tooltip="thinking on/off for the next message"),
-        Binding("ctrl+n", "new", "New", tooltip="a new conversation"),
-        # not in the footer, so that F1 Help fits in 80 columns; the help screen and /export have it
+    BINDINGS = [  # ids: the names keys.toml moves them by (tui/keys.py)
+        Binding("escape", "cancel", "Stop", tooltip="stop the reply before its next token; the prompt comes back",
+                id="stop"),
+        Binding("f2", "cycle('think')", "Think", tooltip="next think budget (smaller, wrapping), live mid-reply",
+                id="think_budget"),
+        Binding("f3", "cycle('answer')", "Answer", tooltip="next answer budget (smaller, wrapping), live mid-reply",
+                id="answer_budget"),
+        Binding("f4", "toggle_thinking", "Thinking", tooltip="thinking on/off for the next message", id="thinking"),
+        # Export and Copy are not in the footer, so that F1 Help fits in 80 columns; the help screen has them
+        Binding("f5", "copy", "Copy", show=False, tooltip="the last answer to the clipboard (/copy: more)",
+                id="copy"),
+        Binding("ctrl+n", "new", "New", tooltip="a new conversation", id="new"),
         Binding("ctrl+s", "export", "Export", show=False,
-                tooltip="this conversation as Markdown and JSON (data dir/exports)"),
-        Binding("ctrl+l", "chats", "Chats", tooltip="to the conversation list and back"),
-        Binding("f1", "help", "Help", tooltip="this help"),
+                tooltip="this conversation as Markdown and JSON (data dir/exports)", id="export"),
+        Binding("ctrl+l", "chats", "Chats", tooltip="to the conversation list and back", id="chats"),
+        Binding("f1", "help", "Help", tooltip="this help", id="help"),
     ]
 
     def __init__(self, session: ChatSession, store: Store, context: int = 0):
@@ -206,6 +211,23 @@ class ChatScreen(Screen):
         md, js = export(self.store.conversation(self.conversation_id), paths.data_dir() / "exports")
         self.notify(f"Exported to {md} and {js.name}", timeout=8)
 
+    def action_copy(self, what: str = "answer") -> None:
+        """To the system clipboard (the terminal's, through OSC 52): the last reply's answer or thinking, the
+        last message written, or the whole conversation as Markdown."""
+        conversation = self.store.conversation(self.conversation_id)
+        if what == "all":
+            text = to_markdown(conversation)
+        elif what == "prompt":
+            text = next((m.content for m in reversed(conversation.messages) if m.role == "user"), "")
+        else:
+            text = getattr(self.reply, what, "") if self.reply is not None else ""
+        if not text:
+            self.notify(f"Nothing to copy: no {'message' if what == 'prompt' else what} yet.", severity="warning")
+            return
+        self.app.copy_to_clipboard(text)
+        label = {"answer": "the answer", "think": "the thinking", "prompt": "your message", "all": "the conversation"}
+        self.notify(f"Copied {label[what]} ({len(text)} characters).")
+
     def action_chats(self) -> None:
         lv = self.query_one("#conversations")
         if lv.has_focus:
@@ -214,7 +236,7 @@ class ChatScreen(Screen):
             lv.focus()
 
     def action_help(self) -> None:
-        self.app.push_screen(HelpScreen(self.app.BINDINGS + self.BINDINGS + Sidebar.BINDINGS + KEYS))
+        self.app.push_screen(HelpScreen(self.app.BINDINGS + self.BINDINGS + Sidebar.BINDINGS + KEYS, self.app.keys))
 
     async def run_command(self, c: Command) -> None:
         if c.name == "budget":
@@ -243,6 +265,8 @@ class ChatScreen(Screen):
             await self.action_new()
         elif c.name == "export":
             self.action_export()
+        elif c.name == "copy":
+            self.action_copy(c.text)
         elif c.name == "help":
             self.action_help()
         self.refresh_status()

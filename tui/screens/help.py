@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from rich.console import Group
 from rich.table import Table
@@ -13,14 +14,17 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from .. import keys
 from ..commands import HELP
 
 
-def key_rows(bindings: list[Binding | tuple]) -> list[tuple[str, str]]:
+def key_rows(bindings: list[Binding | tuple], keymap: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """(keys, what they do) per binding; `keymap` (keys.toml's) moves the bindings it names by their ids."""
     out, seen = [], set()
     for b in bindings:
         b = b if isinstance(b, Binding) else Binding(*b)
-        keys = " / ".join(k.strip() for k in b.key.split(","))
+        key = (keymap or {}).get(b.id or "", b.key)
+        keys = " / ".join(k.strip() for k in key.split(","))
         if b.description and keys not in seen:
             seen.add(keys)
             out.append((keys, b.tooltip or b.description))
@@ -46,13 +50,14 @@ def table(title: str, rows: list[tuple[str, str]]) -> Table:
 class HelpScreen(ModalScreen):
     BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
 
-    def __init__(self, bindings: list):
+    def __init__(self, bindings: list, keymap: Mapping[str, str] | None = None):
         super().__init__()
-        self.bindings = bindings
+        self.bindings, self.keymap = bindings, keymap
 
     def compose(self) -> ComposeResult:
         sidebar = Text("\nSidebar (Ctrl+L or Tab to reach it): Enter opens\n")
-        body = Group(table("Keys", key_rows(self.bindings)), sidebar, table("Commands", command_rows()),
-                     Text("\nEsc closes this help."))
+        body = Group(table("Keys", key_rows(self.bindings, self.keymap)), sidebar, table("Commands", command_rows()),
+                     Text(f"\nkeys.toml in the config dir (`elastic-local paths`) moves them: action = \"key\", "
+                          f"the actions {', '.join(keys.ACTIONS)}.\nEsc closes this help."))
         with VerticalScroll(id="help"):
             yield Static(body)
