@@ -37,10 +37,17 @@ def _number(rng: random.Random, digits: int) -> int:
     return rng.randint(10 ** (digits - 1) if digits > 1 else 0, 10**digits - 1)
 
 
+def _operands(rng: random.Random, level: int) -> tuple[int, int]:
+    """Two numbers of 1 to `level` + 1 digits each, drawn apart: either may be the shorter one, and both
+    may have one digit. (The first version always gave the first two or more digits and the second no
+    more: the shipped model then answered "What is 2 + 2?" with 26 and "What is 5 + 123?" with 767.)"""
+    return (_number(rng, rng.randint(1, level + 1)), _number(rng, rng.randint(1, level + 1)))
+
+
 def addition(rng: random.Random, level: int) -> Item:
     """Column addition right to left; the trace writes the result's digits from the last one, the answer
     reads them back in order."""
-    a, b = _number(rng, level + 1), _number(rng, rng.randint(1, level + 1))
+    a, b = _operands(rng, level)
     q = rng.choice(["What is {a} + {b}?", "Add {a} and {b}.", "Compute {a} + {b}.", "{a} + {b} = ?"])
     da, db = _digits(a)[::-1], _digits(b)[::-1]
     lines, carry, out = [], 0, []
@@ -61,7 +68,7 @@ def addition(rng: random.Random, level: int) -> Item:
 
 def subtraction(rng: random.Random, level: int) -> Item:
     """Column subtraction with borrows, the larger number first."""
-    a, b = _number(rng, level + 1), _number(rng, rng.randint(1, level + 1))
+    a, b = _operands(rng, level)
     a, b = max(a, b), min(a, b)
     q = rng.choice(["What is {a} - {b}?", "Subtract {b} from {a}.", "Compute {a} - {b}.", "{a} - {b} = ?"])
     da, db = _digits(a)[::-1], _digits(b)[::-1]

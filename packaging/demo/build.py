@@ -4,6 +4,7 @@ budgets retrained by elastic distillation (when the recipe has an [elastic] sect
     .venv/bin/python packaging/demo/build.py [--recipe packaging/demo/recipe.toml] [--out packaging/demo/build]
     .venv/bin/python packaging/demo/build.py --ship     # and copy the final model into elastic_local/catalog/demo
     .venv/bin/python packaging/demo/build.py --independent small   # baseline: the small shape trained from scratch
+    .venv/bin/python packaging/demo/build.py --naive               # baseline: budgets as first-k slices
 
 Every stage writes its output atomically and is skipped when that output exists, so running the command
 again resumes (training itself resumes from its last saved step). Everything follows from the recipe's
@@ -98,6 +99,36 @@ def independent(recipe: dict, out: Path, budget: str) -> Path:
         pretrain.write_checkpoint(init_dir, config, pretrain.init_tensors(cfg, recipe["seed"]), tok_dir)
     if not (target / "config.json").is_file():
         train_from_scratch(recipe, config, init_dir, work / "train", target, tok_dir)
+    return target
+
+
+def naive(recipe: dict, out: Path) -> Path:
+    """The [nest] budgets as first-k slices of the parent: `nest` with every axis scored in its stored order
+    (scores that fall with the index), so nothing is permuted. The baseline importance ordering is
+    measured against (`elastic-local eval OUT/naive`)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from elastic_local.elastic.importance import Importance
+    from elastic_local.elastic.nest import nest
+
+    target = out / "naive"
+    if (target / "config.json").is_file():
+        return target
+    if not (out / "nested" / "importance.safetensors").is_file():
+        raise SystemExit(f"{out / 'nested'} is missing; build the nested model first")
+
+    def falling(t: torch.Tensor) -> torch.Tensor:  # the first unit ranks highest along the last axis
+        return torch.arange(t.shape[-1], 0, -1, dtype=torch.float32).expand(t.shape).clone()
+
+    scores = load_file(out / "nested" / "importance.safetensors")  # its shapes; the values are not used
+    imp = Importance(hidden=falling(scores["hidden"]), source="first-k slices (no importance)")
+    for key, t in scores.items():
+        if key.startswith("layers."):
+            _, layer, axis = key.split(".", 2)
+            imp.layers.setdefault(int(layer), {})[axis] = falling(t)
+    log(f"naive: budgets {recipe['nest']} as first-k slices of the parent")
+    nest(out / "parent", target, dict(recipe["nest"]), importance=imp, dtype=torch.float32)
     return target
 
 
@@ -196,8 +227,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--independent", metavar="BUDGET",
                     help="instead: train a plain model of the nested BUDGET's shape from scratch with the same "
                          "recipe, into OUT/independent-BUDGET/model (the baseline for `elastic-local eval --compare`)")
+    ap.add_argument("--naive", action="store_true",
+                    help="instead: the [nest] budgets as first-k slices of the parent (no importance order), into "
+                         "OUT/naive (the baseline for importance-ordered nesting)")
     args = ap.parse_args(argv)
     recipe = tomllib.loads(args.recipe.read_text())
+    if args.naive:
+        naive(recipe, args.out)
+        return 0
     if args.independent:
         if args.ship or args.stages != "all":
             ap.error("--independent builds only the baseline (drop --ship and --stages)")
