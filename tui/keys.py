@@ -67,6 +67,15 @@ def known_key(key: str) -> bool:
                  or (len(base) > 1 and key_to_character(base) is not None)))
 
 
+def types(key: str) -> bool:
+    """The key types a character into the message (x, shift+x, comma, space)."""
+    from textual.keys import key_to_character
+
+    *mods, base = key.split("+")
+    return set(mods) <= {"shift"} and (len(base) == 1 or base == "space"
+                                       or (base not in _named() and key_to_character(base) is not None))
+
+
 def load(file: Path | None = None) -> dict[str, str]:
     """The keymap of `file` (default: the config dir's keys.toml; none there: no changes)."""
     file = file or path()
@@ -92,8 +101,7 @@ def check(data: Mapping[str, object], where: str) -> dict[str, str]:
             if not known_key(key):
                 raise KeysError(f"{where}: {action} = {value!r}: {key!r} is not a key name (like f7, ctrl+o, "
                                 "escape, pageup or a single character)")
-            *mods, base = key.split("+")
-            if key in input_keys() or (set(mods) <= {"shift"} and len(base) == 1 or base == "space" and not mods):
+            if key in input_keys() or types(key):
                 raise KeysError(f"{where}: {action} = {value!r}: the message input takes {key} (to type, send, "
                                 "move or edit), so it would never reach the action; take an F key or ctrl+ a letter")
         keymap[action] = ",".join(keys)

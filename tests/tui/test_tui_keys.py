@@ -33,6 +33,7 @@ def test_every_action_of_keys_toml_is_a_binding_with_that_id_and_default():
     ('answer_budget = "f7"\n', r"answer_budget = 'f7': the message input takes f7"),  # TextArea's select-all
     ('copy = "y"\n', r"copy = 'y': the message input takes y"),
     ('copy = "shift+y"\n', r"copy = 'shift\+y': the message input takes shift\+y"),
+    ('copy = "comma"\n', r"copy = 'comma': the message input takes comma"),
     ('copy = "f5\n', r"not TOML"),
 ])
 def test_keys_toml_is_read_or_refused_naming_the_file_and_the_action(tmp_path, text, message):
