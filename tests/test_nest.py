@@ -234,3 +234,27 @@ def test_nest_given_its_importance_writes_what_scoring_writes(nested, tmp_path):
     assert (other / "model.safetensors").read_bytes() != (out / "model.safetensors").read_bytes()
     torch.testing.assert_close(elastic_local.load(other).logits(IDS), elastic_local.load(out).logits(IDS),
                                atol=1e-4, rtol=0)
+
+
+def test_the_demo_build_s_naive_baseline_slices_the_parent_unpermuted(nested):
+    """packaging/demo/build.py --naive: the same budgets, nothing permuted (the parent's tensors byte for
+    byte), where nest's importance order permutes them."""
+    import importlib.util
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    file = Path(__file__).resolve().parents[1] / "packaging" / "demo" / "build.py"
+    spec = importlib.util.spec_from_file_location("demo_build", file)
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    root, _ = nested
+    naive = build.naive({"nest": FRACTIONS}, root)
+
+    def tensors(d):
+        return load_file(next(d.glob("model*.safetensors")))
+
+    parent, sliced, permuted = tensors(root / "parent"), tensors(naive), tensors(root / "nested")
+    assert parent.keys() == sliced.keys() and all(torch.equal(parent[k], sliced[k]) for k in parent)
+    assert not all(torch.equal(parent[k], permuted[k]) for k in parent)
+    assert elastic_local.load(naive).budgets == ["full", "half", "quarter"]
