@@ -236,18 +236,24 @@ def test_nest_given_its_importance_writes_what_scoring_writes(nested, tmp_path):
                                atol=1e-4, rtol=0)
 
 
-def test_the_demo_build_s_naive_baseline_slices_the_parent_unpermuted(nested):
-    """packaging/demo/build.py --naive: the same budgets, nothing permuted (the parent's tensors byte for
-    byte), where nest's importance order permutes them."""
+def demo_build():
+    """packaging/demo/build.py as a module (it is a script, not part of the package)."""
     import importlib.util
     from pathlib import Path
-
-    from safetensors.torch import load_file
 
     file = Path(__file__).resolve().parents[1] / "packaging" / "demo" / "build.py"
     spec = importlib.util.spec_from_file_location("demo_build", file)
     build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
+    return build
+
+
+def test_the_demo_build_s_naive_baseline_slices_the_parent_unpermuted(nested):
+    """packaging/demo/build.py --naive: the same budgets, nothing permuted (the parent's tensors byte for
+    byte), where nest's importance order permutes them."""
+    from safetensors.torch import load_file
+
+    build = demo_build()
     root, _ = nested
     naive = build.naive({"nest": FRACTIONS}, root)
 
@@ -258,3 +264,15 @@ def test_the_demo_build_s_naive_baseline_slices_the_parent_unpermuted(nested):
     assert parent.keys() == sliced.keys() and all(torch.equal(parent[k], sliced[k]) for k in parent)
     assert not all(torch.equal(parent[k], permuted[k]) for k in parent)
     assert elastic_local.load(naive).budgets == ["full", "half", "quarter"]
+
+
+def test_the_demo_build_refuses_to_resume_its_folder_under_another_recipe(tmp_path):
+    """Every stage skips an output that exists: a changed learning rate must not silently reuse the parent
+    the old one trained. Settings that change nothing computed (threads) may change."""
+    build = demo_build()
+    recipe = {"seed": 0, "train": {"lr": 2e-3, "steps": 3600, "threads": 1}, "nest": {"mid": 0.77}}
+    build.check_recipe(recipe, tmp_path / "out")
+    build.check_recipe({**recipe, "train": {**recipe["train"], "threads": 2}}, tmp_path / "out")
+    with pytest.raises(SystemExit, match=r"out was built from another recipe \(train.lr 0.002 -> 0.001; "
+                                         r"train.steps 3600 -> None\)"):
+        build.check_recipe({**recipe, "train": {"lr": 1e-3, "threads": 1}}, tmp_path / "out")

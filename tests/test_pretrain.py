@@ -3,6 +3,7 @@ trained network, and a resumed run continues exactly where the saved one stopped
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from elastic_local.checkpoint.load import load_network
@@ -58,14 +59,41 @@ def test_exported_checkpoint_is_the_trained_network(tmp_path):
                                    rtol=1e-5, atol=1e-5)
 
 
-def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
+def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, monkeypatch):
     src, ex = init(tmp_path), examples()
     tc = pretrain.TrainConfig(steps=4, batch_size=8, lr=1e-2, warmup=1, save_every=2, threads=1)
     straight, p1 = pretrain.train(src, ex, tmp_path / "a", tc, log=lambda _m: None)
-    pretrain.train(src, ex, tmp_path / "b", pretrain.TrainConfig(**{**tc.__dict__, "steps": 2}), log=lambda _m: None)
+    save = pretrain.save_state
+
+    def save_then_die(*args, **kwargs):  # killed right after the save at step 2
+        save(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pretrain, "save_state", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        pretrain.train(src, ex, tmp_path / "b", tc, log=lambda _m: None)
+    monkeypatch.undo()
     lines: list[str] = []
     resumed, p2 = pretrain.train(src, ex, tmp_path / "b", tc, log=lines.append)
     assert any("resuming at step 2" in line for line in lines)
     for name in p1:
         assert torch.allclose(p1[name], p2[name], atol=1e-6), name
     assert not list((tmp_path / "b").glob(".state.partial-*"))
+
+
+def test_resuming_with_another_schedule_is_refused_and_keeps_the_saved_state(tmp_path):
+    """A changed learning rate (or steps, seed, batch) would go on from weights trained under the old one;
+    the saved run names what changed and stays as it was."""
+    src, ex = init(tmp_path), examples()
+    tc = pretrain.TrainConfig(steps=2, batch_size=8, lr=1e-2, warmup=1, save_every=2, threads=1)
+    pretrain.train(src, ex, tmp_path / "w", tc, log=lambda _m: None)
+    saved = (tmp_path / "w" / "state" / "state.safetensors").read_bytes()
+    with pytest.raises(ValueError, match=r"steps 2 -> 4; lr 0.01 -> 0.005") as err:
+        pretrain.train(src, ex, tmp_path / "w", pretrain.TrainConfig(**{**tc.__dict__, "lr": 5e-3, "steps": 4}),
+                       log=lambda _m: None)
+    assert str(tmp_path / "w" / "state") in str(err.value)
+    assert (tmp_path / "w" / "state" / "state.safetensors").read_bytes() == saved
+    lines: list[str] = []  # what does not change the result may change: the thread count, the save interval
+    pretrain.train(src, ex, tmp_path / "w", pretrain.TrainConfig(**{**tc.__dict__, "threads": 2, "save_every": 1}),
+                   log=lines.append)
+    assert any("resuming at step 2" in line for line in lines)

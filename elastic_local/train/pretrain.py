@@ -316,6 +316,23 @@ def load_state(path: Path, params: dict[str, torch.Tensor], opt: torch.optim.Ada
     return state
 
 
+# settings a resumed run may change: they do not change what it computes
+RESUMABLE_CHANGES = ("save_every", "threads")
+
+
+def check_resumable(state_dir: Path, tc: TrainConfig) -> None:
+    """Refuse to resume a run saved with another schedule: its weights and moments would go on under
+    the new learning rate, steps or data order as if nothing had changed, and the result would match
+    neither run."""
+    saved = json.loads((state_dir / "state.json").read_text()).get("train", {})
+    now = json.loads(json.dumps(asdict(tc)))  # tuples as JSON lists, as saved
+    changed = [f"{k} {saved.get(k)!r} -> {v!r}" for k, v in now.items()
+               if k not in RESUMABLE_CHANGES and saved.get(k) != v]
+    if changed:
+        raise ValueError(f"{state_dir} holds a run saved with other settings ({'; '.join(changed)}); rerun with "
+                         f"its settings to resume it, or remove {state_dir.parent} to start over")
+
+
 def _fmt_time(s: float) -> str:
     s = int(s)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
@@ -331,7 +348,10 @@ def train(init_dir: Path, examples: list[Example], work: Path, tc: TrainConfig, 
     params = trainable(net)
     opt = make_optimizer(params, tc)
     state_dir = work / "state"
-    state = load_state(state_dir, params, opt) if (state_dir / "state.json").is_file() else TrainState()
+    state = TrainState()
+    if (state_dir / "state.json").is_file():
+        check_resumable(state_dir, tc)
+        state = load_state(state_dir, params, opt)
     if state.step:
         refresh(net, params)
         log(f"resuming at step {state.step}/{tc.steps}")

@@ -7,8 +7,9 @@ budgets retrained by elastic distillation (when the recipe has an [elastic] sect
     .venv/bin/python packaging/demo/build.py --naive               # baseline: budgets as first-k slices
 
 Every stage writes its output atomically and is skipped when that output exists, so running the command
-again resumes (training itself resumes from its last saved step). Everything follows from the recipe's
-seed: the corpus, the tokenizer, the initial weights and the data order.
+again resumes (training itself resumes from its last saved step); OUT keeps the recipe it was built from
+(recipe.json) and refuses to resume under another. Everything follows from the recipe's seed: the corpus,
+the tokenizer, the initial weights and the data order.
 """
 
 from __future__ import annotations
@@ -31,6 +32,31 @@ CATALOG = HERE.parent.parent / "elastic_local" / "catalog" / "demo"
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# recipe keys that do not change what a stage computes, so OUT may be resumed with them changed
+RESUMABLE_CHANGES = {"train.threads", "train.save_every", "elastic.checkpoint_every"}
+
+
+def flat(recipe: dict, prefix: str = "") -> dict:
+    return {k: v for key, value in recipe.items()
+            for k, v in (flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value}).items()}
+
+
+def check_recipe(recipe: dict, out: Path) -> None:
+    """Tie OUT to the recipe that built it (OUT/recipe.json). Every stage skips an output that exists, so
+    a changed recipe would otherwise mix silently with the old one's parent, nest or budgets."""
+    stamp = out / "recipe.json"
+    if not stamp.is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(json.dumps(recipe, indent=1) + "\n")
+        return
+    old, new = flat(json.loads(stamp.read_text())), flat(recipe)
+    changed = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(old.keys() | new.keys())
+               if k not in RESUMABLE_CHANGES and old.get(k) != new.get(k)]
+    if changed:
+        raise SystemExit(f"{out} was built from another recipe ({'; '.join(changed)}); give another --out, "
+                         f"or remove {out} to rebuild")
 
 
 def model_config(recipe: dict, tokenizer_dir: Path) -> dict:
@@ -232,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                          "OUT/naive (the baseline for importance-ordered nesting)")
     args = ap.parse_args(argv)
     recipe = tomllib.loads(args.recipe.read_text())
+    check_recipe(recipe, args.out)
     if args.naive:
         naive(recipe, args.out)
         return 0
