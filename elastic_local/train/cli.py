@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from ..cli import _budgets, add_offline_device, offline_device
@@ -32,11 +33,34 @@ def cmd_train(args: argparse.Namespace) -> int:
                 full_name=args.full_name, overwrite=args.overwrite,
                 device=offline_device(args.device, args.src, TRAIN_BYTES_PER_PARAM, TRAIN_HOLDS))
     if out is not None:
-        table = json.loads((Path(out) / "config.json").read_text())["elastic"]
         print(f"wrote {out}")
-        for name, kd in table["training"]["heldout_kd"].items():
-            print(f"  {name}: held-out KD {kd:.4f}")
+        lines, warnings = trained_report(Path(out), recipe)
+        print("\n".join(lines))
+        for w in warnings:
+            print(f"warning: {w}", file=sys.stderr)
     return 0
+
+
+def trained_report(out: Path, recipe) -> tuple[list[str], list[str]]:
+    """Per budget: parameters, distance from its target and held-out KD; a warning for each budget that
+    landed outside the recipe's dead zone (the router's size penalty lost to distillation: a "40%" budget
+    that is really 42% compares unfairly with anything sized at 40%)."""
+    elastic = json.loads((out / "config.json").read_text())["elastic"]
+    params = {b["name"]: b["params"] for b in elastic["budgets"]}
+    full, targets = max(params.values()), elastic["training"]["targets"]
+    lines, warnings = [], []
+    for name, kd in elastic["training"]["heldout_kd"].items():
+        line = f"  {name}: {params[name]:,} parameters"
+        if name in targets:
+            target = targets[name] * full
+            off = params[name] / target - 1
+            line += f" ({off:+.1%} from its target {targets[name]:g} = {round(target):,})"
+            if abs(off) > recipe.dead_zone:
+                warnings.append(f"{name} landed {off:+.1%} from its target, outside the dead zone "
+                                f"({recipe.dead_zone:.0%}): raise the recipe's cost_lambda ({recipe.cost_lambda:g}) "
+                                "or train longer")
+        lines.append(f"{line}, held-out KD {kd:.4f}")
+    return lines, warnings
 
 
 def cmd_budget(args: argparse.Namespace) -> int:

@@ -126,6 +126,24 @@ def test_trained_budgets_meet_their_parameter_targets_loosely(trained):
     assert count_params(cfg, table["small"])[0] < count_params(cfg, table["big"])[0] < full
 
 
+def test_the_report_gives_each_budget_s_distance_from_its_target_and_warns_outside_the_dead_zone(trained):
+    from elastic_local.train.cli import trained_report
+    from elastic_local.train.recipe import Recipe
+
+    cfg = NemotronHConfig.from_dir(trained / "out")
+    table = read_budgets(cfg)
+    n = {name: count_params(cfg, b)[0] for name, b in table.items()}
+    lines, warnings = trained_report(trained / "out", Recipe(dead_zone=1.0))
+    assert not warnings
+    off = n["small"] / (0.55 * n["full"]) - 1
+    assert f"  small: {n['small']:,} parameters ({off:+.1%} from its target 0.55 = {round(0.55 * n['full']):,})" \
+        in "\n".join(lines)
+    assert lines[0].startswith(f"  full: {n['full']:,} parameters, held-out KD ")
+    tight = abs(off) / 2
+    _, warnings = trained_report(trained / "out", Recipe(dead_zone=tight))
+    assert any(w.startswith(f"small landed {off:+.1%} from its target, outside the dead zone") for w in warnings)
+
+
 def test_a_run_over_every_axis_exports_what_it_trained(trained):
     """Hidden width and expert count routed too (recipe router_axes): the exported table is the router's hard
     choice and each budget runs as the training-mode forward with its one-hot masks did."""
