@@ -301,7 +301,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """Answer one prompt, streaming the thinking (stderr, dimmed) and the answer (stdout), then a stats line.
     With no DIR the embedded demo model answers; the prompt comes from --prompt, --file or stdin.
 
-    elastic-local generate --prompt "What is 347 + 589?"
+    elastic-local generate --prompt "What is 237 + 682?"
     echo "Put 5, 2, 9, 1 in order." | elastic-local generate
     elastic-local generate ./ckpt --file question.txt --think-budget half --max-think-tokens 256
     elastic-local generate ./ckpt --prompt "2+2?" --device cuda --precision fp8 --budget auto

@@ -213,6 +213,7 @@ def elastic(recipe: dict, out: Path) -> Path:
     """The final stage: the nest budgets retrained by elastic distillation from the parent
     (`elastic-local train`, its own resumable state in OUT/elastic/model.train)."""
     from elastic_local.tasks.corpus import chat_text, items
+    from elastic_local.train.cli import trained_report
     from elastic_local.train.loop import train
     from elastic_local.train.recipe import Recipe
 
@@ -225,11 +226,14 @@ def elastic(recipe: dict, out: Path) -> Path:
         texts = ["".join(chat_text(it)) for it in items("train", n_items, recipe["seed"])]
         corpus.with_suffix(".partial").write_text("\n".join(texts) + "\n")
         corpus.with_suffix(".partial").rename(corpus)
+    settings = Recipe.load(None, seed=recipe["seed"], **section)
     if not (model / "config.json").is_file():
         log(f"elastic: distilling budgets {recipe['nest']} from the parent, {section['steps']} steps")
-        train(out / "parent", model, [str(corpus)], dict(recipe["nest"]),
-              Recipe.load(None, seed=recipe["seed"], **section))
+        train(out / "parent", model, [str(corpus)], dict(recipe["nest"]), settings)
         log(f"elastic model written to {model}")
+    lines, warnings = trained_report(model, settings)
+    for line in lines + [f"warning: {w}" for w in warnings]:
+        log(line.strip())
     return model
 
 

@@ -136,12 +136,12 @@ def test_the_report_gives_each_budget_s_distance_from_its_target_and_warns_outsi
     lines, warnings = trained_report(trained / "out", Recipe(dead_zone=1.0))
     assert not warnings
     off = n["small"] / (0.55 * n["full"]) - 1
-    assert f"  small: {n['small']:,} parameters ({off:+.1%} from its target 0.55 = {round(0.55 * n['full']):,})" \
+    assert f"  small: {n['small']:,} parameters ({off:+.2%} from its target 0.55 = {round(0.55 * n['full']):,})" \
         in "\n".join(lines)
     assert lines[0].startswith(f"  full: {n['full']:,} parameters, held-out KD ")
     tight = abs(off) / 2
     _, warnings = trained_report(trained / "out", Recipe(dead_zone=tight))
-    assert any(w.startswith(f"small landed {off:+.1%} from its target, outside the dead zone") for w in warnings)
+    assert any(w.startswith(f"small landed {off:+.2%} from its target, outside the dead zone") for w in warnings)
 
 
 def test_a_run_over_every_axis_exports_what_it_trained(trained):

@@ -103,7 +103,7 @@ async def test_copy_puts_the_answer_the_thinking_the_message_or_the_chat_on_the_
         await replied(pilot)
         reply = app.session.turn.reply
         await pilot.press("f5")
-        assert app.clipboard == reply.answer and reply.answer.startswith("347 + 589 = ")
+        assert app.clipboard == reply.answer and reply.answer.startswith("237 + 682 = ")
         for command, want in [("/copy think", reply.think), ("/copy prompt", QUESTION), ("/copy", reply.answer),
                               ("/copy all", to_markdown(Store().conversation(app.screen.conversation_id)))]:
             await send(pilot, command)

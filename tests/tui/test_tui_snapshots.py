@@ -9,12 +9,12 @@ from elastic_local.tui.store import Store
 from tui_util import QUESTION, make_app
 
 SIZE = (80, 24)
-THINK = """7 + 9 = 16, write 6, carry 1
-4 + 8 + 1 = 13, write 3, carry 1
-3 + 5 + 1 = 9, write 9
-digits from the right: 6 3 9"""
-ANSWER = "347 + 589 = 936"  # the demo model's reply to the question, greedy on the full budget
-STATS = dict(prompt_tokens=22, prefill_tokens=22, prefill_s=0.05, think_tokens=65, think_inserted=0, think_s=1.5,
+THINK = """7 + 2 = 9, write 9
+3 + 8 = 11, write 1, carry 1
+2 + 6 + 1 = 9, write 9
+digits from the right: 9 1 9"""
+ANSWER = "237 + 682 = 919"  # the demo model's reply to the question, greedy on the full budget
+STATS = dict(prompt_tokens=22, prefill_tokens=22, prefill_s=0.05, think_tokens=57, think_inserted=0, think_s=1.5,
              answer_tokens=14, answer_s=0.25, catch_up_tokens=87, catch_up_s=0.21, transplants=0,
              think_budgets=["full"], answer_budgets=["full", "mid"])
 
@@ -28,7 +28,7 @@ def history(home):
     cid = store.new_conversation(QUESTION)
     store.add(cid, "user", QUESTION)
     reply = Reply("full", "full", think=THINK, answer=ANSWER, status="done", prompt_tokens=22, stats=STATS)
-    reply.marks = [Mark("answer", "mid", ANSWER.index("= 936"), tokens=87, seconds=0.21)]
+    reply.marks = [Mark("answer", "mid", ANSWER.index("= 919"), tokens=87, seconds=0.21)]
     mid = store.add(cid, "assistant", "", status="streaming")
     store.save_reply(mid, reply.answer, reply.think, reply.status, reply.meta())
     store.close()

@@ -8,7 +8,7 @@ import time
 from elastic_local.tui.app import ElasticChat
 from elastic_local.tui.store import Store
 
-QUESTION = "What is 347 + 589?"  # one of the demo model's task families (it thinks digit by digit, then answers)
+QUESTION = "What is 237 + 682?"  # one of the demo model's task families (it thinks digit by digit, then answers)
 
 
 def make_app(model, **options) -> ElasticChat:
