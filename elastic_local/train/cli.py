@@ -54,9 +54,9 @@ def trained_report(out: Path, recipe) -> tuple[list[str], list[str]]:
         if name in targets:
             target = targets[name] * full
             off = params[name] / target - 1
-            line += f" ({off:+.1%} from its target {targets[name]:g} = {round(target):,})"
+            line += f" ({off:+.2%} from its target {targets[name]:g} = {round(target):,})"
             if abs(off) > recipe.dead_zone:
-                warnings.append(f"{name} landed {off:+.1%} from its target, outside the dead zone "
+                warnings.append(f"{name} landed {off:+.2%} from its target, outside the dead zone "
                                 f"({recipe.dead_zone:.0%}): raise the recipe's cost_lambda ({recipe.cost_lambda:g}) "
                                 "or train longer")
         lines.append(f"{line}, held-out KD {kd:.4f}")
