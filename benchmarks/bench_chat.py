@@ -42,7 +42,7 @@ import elastic_local
 from elastic_local.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPT = "What is 347 + 589?"  # one of the embedded demo model's task families
+PROMPT = "What is 237 + 682?"  # one of the embedded demo model's task families
 
 
 def rate(stats: dict) -> float:
