@@ -7,8 +7,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..cli import _budgets, add_offline_device, offline_device
+
+if TYPE_CHECKING:
+    from .recipe import Recipe
 
 # teacher and student in float32, the student's gradients, Adam's two moments
 TRAIN_BYTES_PER_PARAM = 4 + 4 + 4 + 8
@@ -41,7 +45,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def trained_report(out: Path, recipe) -> tuple[list[str], list[str]]:
+def trained_report(out: Path, recipe: Recipe) -> tuple[list[str], list[str]]:
     """Per budget: parameters, distance from its target and held-out KD; a warning for each budget that
     landed outside the recipe's dead zone (the router's size penalty lost to distillation: a "40%" budget
     that is really 42% compares unfairly with anything sized at 40%)."""
