@@ -14,10 +14,15 @@ def test_eval_on_a_few_items_writes_table_json_and_plot(tmp_path, capsys):
     assert main(["eval", "--items", "1", "--levels", "1", "--precisions", "fp8", "--json", str(out),
                  "--plot", str(png)]) == 0
     text = capsys.readouterr().out
-    for heading in ("accuracy per budget and level", "budget control", "asked second in a chat",
-                    "load-time quantization"):
+    for heading in ("accuracy per budget and level", "accuracy per budget and family", "budget control",
+                    "asked second in a chat", "load-time quantization"):
         assert heading in text
     report = json.loads(out.read_text())
+    full = next(s for s in report["scores"] if (s["think"], s["answer"], s["precision"]) == ("full", "full", "bf16"))
+    families = text.split("accuracy per budget and family")[1].split("\n\n")[0].splitlines()
+    assert families[1].split() == ["budget", "addition", "comparison", "counting", "equation", "sorting",
+                                   "subtraction", "word", "problem"]
+    assert families[2].split() == ["full"] + [f"{100 * full['by_family'][f]:.1f}%" for f in sorted(full["by_family"])]
     assert report["items"] == 7 and list(report["budgets"]) == ["full", "mid", "small"]
     pairs = {(c["think"], c["answer"]) for c in report["control"]}
     assert pairs == {("small", "small"), ("small", "full"), ("mid", "full"), ("full", "small"), ("full", "full")}

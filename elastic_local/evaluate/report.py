@@ -25,6 +25,12 @@ def tables(report: dict) -> str:
         s = scores[(b, b, base)]
         lines.append(f"  {b:<8} {info['params']:>9,} " + " ".join(_pct(s["by_level"].get(x)).rjust(6) for x in levels)
                      + " " + _pct(s["accuracy"]).rjust(6))
+    families = sorted({f for b in report["budgets"] for f in scores[(b, b, base)]["by_family"]})
+    lines += ["", f"accuracy per budget and family ({base}, all levels): what the model is good at"]
+    lines.append(f"  {'budget':<8} " + " ".join(f"{f.replace('_', ' '):>12}" for f in families))
+    for b in report["budgets"]:
+        by = scores[(b, b, base)]["by_family"]
+        lines.append(f"  {b:<8} " + " ".join(_pct(by.get(f)).rjust(12) for f in families))
     lines += ["", f"budget control: thinking on one budget, answering on another ({base})"]
     lines.append(f"  {'think':<8} {'answer':<8} {'accuracy':>8} {'think tok':>9} {'s/item':>7}  "
                  + " ".join(f"{'L' + x:>6}" for x in levels))
