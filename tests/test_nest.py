@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from safetensors import safe_open
 from tiny import ALIGNED, hf_logits, make_checkpoint
 
 import elastic_local
@@ -276,3 +277,24 @@ def test_the_demo_build_refuses_to_resume_its_folder_under_another_recipe(tmp_pa
     with pytest.raises(SystemExit, match=r"out was built from another recipe \(train.lr 0.002 -> 0.001; "
                                          r"train.steps 3600 -> None\)"):
         build.check_recipe({**recipe, "train": {"lr": 1e-3, "threads": 1}}, tmp_path / "out")
+
+
+def test_the_same_calibration_in_two_folders_nests_byte_identical_files(nested, tmp_path):
+    """The calibration is recorded by its file's name: a build folder's path in the shipped files made the
+    same build in two folders differ."""
+    root, _ = nested
+    ids = torch.randint(0, 96, (600,), generator=torch.Generator().manual_seed(5)).tolist()
+    outs = []
+    for where in ("a", "b"):
+        (tmp_path / where).mkdir()
+        calib = tmp_path / where / "calib.json"
+        calib.write_text(json.dumps(ids))
+        outs.append(nest(root / "parent", tmp_path / where / "nested", FRACTIONS, calib=calib))
+    for name in ("config.json", "model.safetensors"):
+        assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
+    assert json.loads((outs[0] / "config.json").read_text())["elastic"]["calibration"]["source"] == "calib.json"
+    # safetensors writes a metadata dict in hash order, so the scores file compares by content
+    files = [safe_open(o / "importance.safetensors", "pt") for o in outs]
+    assert files[0].metadata() == files[1].metadata() and files[0].metadata()["source"] == "calib.json"
+    assert files[0].keys() == files[1].keys()
+    assert all(torch.equal(files[0].get_tensor(k), files[1].get_tensor(k)) for k in files[0].keys())

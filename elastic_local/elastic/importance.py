@@ -76,9 +76,11 @@ def calibration_ids(calib: str | Path | None, tokenizer_dir: Path, vocab_size: i
         bad = [t for t in ids if not 0 <= int(t) < vocab_size]
         if bad:
             raise ValueError(f"{calib}: token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})")
-        return [int(t) for t in ids[:max_tokens]], str(calib)
+        return [int(t) for t in ids[:max_tokens]], Path(calib).name
     text = Path(calib).read_text() if calib is not None else GENERIC_SAMPLE * 8
-    source = str(calib) if calib is not None else "generic sample (no --calib)"
+    # the file's name, not its path: a build folder's path in a shipped file is noise, and it made the same
+    # build in two folders differ byte for byte
+    source = Path(calib).name if calib is not None else "generic sample (no --calib)"
     tok_file = tokenizer_dir / "tokenizer.json"
     if tok_file.is_file():
         from tokenizers import Tokenizer
