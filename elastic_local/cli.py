@@ -129,7 +129,7 @@ def offline_device(device: str, src: str, bytes_per_param: int = 4, holds: str =
     fifth to spare for activations, else the CPU, saying why."""
     import torch
 
-    from .checkpoint.load import checkpoint_tensors
+    from .checkpoint.files import checkpoint_tensors
 
     if device != "auto" or not torch.cuda.is_available():
         return resolve_device(device)

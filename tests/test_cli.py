@@ -49,6 +49,15 @@ def test_help_paths_and_profiles_run_without_importing_torch():
     assert {"elastic_local.cli", "elastic_local.hardware.profiles", "elastic_local.tui.app"} <= held
 
 
+def test_fit_for_a_named_machine_plans_from_the_headers_without_torch():
+    """`fit --profile` on a checkpoint (here the 30B description) reads config and headers only: it took 2.5-3 s
+    while it imported torch, 0.4 s since. (`fit` for this machine probes torch about CUDA, so it waits.)"""
+    held = _modules_after("import elastic_local.cli as c\nassert c.main(['fit', '--profile', 'rtx5080']) == 0\n"
+                          "assert c.main(['fit', '--profile', 'rtx5080', '--json']) == 0")
+    assert "torch" not in held
+    assert {"elastic_local.hardware.fit", "elastic_local.checkpoint.verify", "elastic_local.quant.scheme"} <= held
+
+
 def test_a_load_and_a_reply_import_no_sympy():
     """torch's symbolic shapes pull in sympy (half a second of every launch); only a compiled step needs them."""
     held = _modules_after("import elastic_local; m = elastic_local.load(); list(m.stream(m.chat_prompt('2 + 2?'), "

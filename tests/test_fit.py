@@ -19,8 +19,7 @@ from safetensors.torch import load_file, save_file
 from tiny import ALIGNED, make_checkpoint
 
 import elastic_local
-from elastic_local.checkpoint.files import index_tensors
-from elastic_local.checkpoint.load import checkpoint_tensors
+from elastic_local.checkpoint.files import checkpoint_tensors, index_tensors
 from elastic_local.checkpoint.offers import offers
 from elastic_local.cli import main
 from elastic_local.elastic.nest import nest

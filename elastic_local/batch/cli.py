@@ -45,7 +45,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _report(src, items)
 
-    from ..checkpoint.load import verify_tensors
+    from ..checkpoint.verify import verify_tensors
     from ..model.config import NemotronHConfig
     from .outfile import OutputFile
     from .progress import ProgressBar, Summary

@@ -8,11 +8,14 @@ import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from safetensors import safe_open
 
 from ..model.schema import DTYPE_BYTES
+
+if TYPE_CHECKING:  # torch only where a tensor is read: `fit` and `info` plan from the headers alone
+    import torch
 
 
 class CheckpointError(ValueError):
@@ -176,6 +179,8 @@ class Reader:
 
     @staticmethod
     def _read(sl, ix: list) -> torch.Tensor:
+        import torch
+
         picked = [j for j, i in enumerate(ix) if isinstance(i, torch.Tensor)]
         if not picked:
             return sl[tuple(ix)]
@@ -191,3 +196,21 @@ class Reader:
         got = torch.cat(parts, dim=dim)
         pos = torch.searchsorted(uniq, sel)
         return got.index_select(dim, pos)
+
+
+def unstack_experts(tensors: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
+    """transformers' renamed layout stacks experts ([E, I, D]); view each expert as its own entry."""
+    out = dict(tensors)
+    for name, info in tensors.items():
+        if name.endswith((".experts.up_proj", ".experts.down_proj")):
+            del out[name]
+            proj = name.rsplit(".", 1)[1]
+            for j in range(info.shape[0]):
+                out[f"{name.rsplit('.', 1)[0]}.{j}.{proj}.weight"] = TensorInfo(info.file, info.key, info.dtype,
+                                                                                info.shape[1:], row=j)
+    return out
+
+
+def checkpoint_tensors(path: str | Path) -> dict[str, TensorInfo]:
+    """Every tensor of a checkpoint directory under its canonical hub name, one entry per expert."""
+    return unstack_experts(index_tensors(path))

@@ -21,47 +21,16 @@ from ..model.linear import RowConcat
 from ..model.mamba2 import MambaWeights
 from ..model.moe import MLPWeights, MoEWeights
 from ..model.nemotron_h import Layer, NemotronH
-from ..model.schema import expected_shapes, keeps_fp32, stored_budget
+from ..model.schema import keeps_fp32, stored_budget
 from ..progress import Progress
 from ..quant.fp8 import FP8Weight
 from ..quant.linear import QuantizedWeight
 from ..quant.nvfp4 import NVFP4Weight
-from ..quant.scheme import GROUP_SIZE, PRECISIONS, is_linear, is_quantized, quantize, read_quant_config, stored_tensors
-from .files import CheckpointError, Reader, TensorInfo, index_tensors
+from ..quant.scheme import GROUP_SIZE, PRECISIONS, is_linear, is_quantized, quantize, read_quant_config
+from .files import CheckpointError, Reader, checkpoint_tensors
+from .verify import check_tensors, stored_layout
 
 log = logging.getLogger(__name__)
-
-
-def unstack_experts(tensors: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
-    """transformers' renamed layout stacks experts ([E, I, D]); view each expert as its own entry."""
-    out = dict(tensors)
-    for name, info in tensors.items():
-        if name.endswith((".experts.up_proj", ".experts.down_proj")):
-            del out[name]
-            proj = name.rsplit(".", 1)[1]
-            for j in range(info.shape[0]):
-                out[f"{name.rsplit('.', 1)[0]}.{j}.{proj}.weight"] = TensorInfo(info.file, info.key, info.dtype,
-                                                                                info.shape[1:], row=j)
-    return out
-
-
-def checkpoint_tensors(path: str | Path) -> dict[str, TensorInfo]:
-    """Every tensor of a checkpoint directory under its canonical hub name, one entry per expert."""
-    return unstack_experts(index_tensors(path))
-
-
-def stored_layout(cfg: NemotronHConfig, stored: Budget, precision: str, kept: list[str]) -> dict:
-    """Name -> (safetensors dtype, shape) of every tensor the file holds, quantized Linears expanded into
-    weight and scales (an unquantized tensor's dtype is a default: any float dtype loads)."""
-    out = {}
-    for name, shape in expected_shapes(cfg, stored).items():
-        out.update(stored_tensors(name, shape, "bf16" if precision == "bf16" else precision, kept))
-    return out
-
-
-def stored_shapes(cfg: NemotronHConfig, stored: Budget, precision: str, kept: list[str]) -> dict:
-    """Name -> shape of every tensor the file holds, quantized Linears expanded into weight and scales."""
-    return {name: shape for name, (_, shape) in stored_layout(cfg, stored, precision, kept).items()}
 
 
 def _block_index(ch: torch.Tensor, what: str) -> torch.Tensor:
@@ -99,59 +68,6 @@ def read_quantized(reader: Reader, name: str, precision: str, rows, cols, device
     return NVFP4Weight(_owned(reader.read(name, rows, packed_cols), device),
                        _owned(reader.read(f"{stem}.weight_scale", rows, scale_cols), device),
                        scalar("weight_scale_2"), scalar("input_scale"))
-
-
-FLOAT_DTYPES = ("BF16", "F16", "F32")  # an unquantized tensor in any of these is cast while loading
-# config.json fields that fix tensor shapes: when one is absent its default is used, which is often why a
-# file and its config disagree
-SIZE_FIELDS = ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-               "intermediate_size", "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size",
-               "conv_kernel", "n_routed_experts", "moe_intermediate_size", "moe_shared_expert_intermediate_size")
-
-
-def _hub(info: TensorInfo | None, name: str) -> str:
-    return info.key if info is not None else name if name.startswith("lm_head") else f"backbone.{name}"
-
-
-def check_tensors(path: Path, tensors: dict[str, TensorInfo], expected: dict[str, tuple],
-                  raw_config: dict | None = None) -> None:
-    """The files hold exactly the tensors config.json implies, each of its shape and of a dtype that loads.
-    `expected` maps name -> shape, or -> (dtype, shape) to check dtypes too."""
-    found = {k for k in tensors if not k.startswith("mtp.")}
-    missing = sorted(set(expected) - found)
-    extra = sorted(found - set(expected))
-    defaulted = [k for k in SIZE_FIELDS if raw_config is not None and k not in raw_config]
-    hint = f" (config.json does not set {', '.join(defaulted)}, so the defaults apply)" if defaulted else ""
-    if missing:
-        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise CheckpointError(f"{path}: missing tensor {_hub(None, missing[0])!r}{more} that config.json requires "
-                              f"(in no weight file){hint}; the checkpoint is incomplete or does not match its config")
-    if extra:
-        info = tensors[extra[0]]
-        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-        raise CheckpointError(f"{path}: unexpected tensor {info.key!r} in {info.file.name}{more} that config.json "
-                              f"does not describe{hint}; the checkpoint does not match its config")
-    for name, want in expected.items():
-        dtype, shape = want if len(want) == 2 and isinstance(want[0], str) else (None, want)
-        info = tensors[name]
-        if info.shape != tuple(shape):
-            raise CheckpointError(f"{info.file}: tensor {info.key!r} has shape {list(info.shape)}, config.json "
-                                  f"implies {list(shape)}{hint}; the file does not match its config")
-        ok = FLOAT_DTYPES if dtype in FLOAT_DTYPES else (dtype,)
-        if dtype is not None and info.dtype not in ok:
-            raise CheckpointError(f"{info.file}: tensor {info.key!r} is stored as {info.dtype}, expected "
-                                  f"{' or '.join(ok)}; re-export the checkpoint")
-
-
-def verify_tensors(path: str | Path, cfg: NemotronHConfig, tensors: dict[str, TensorInfo] | None = None
-                   ) -> dict[str, TensorInfo]:
-    """Check that the weight files of `path` match its config (names, shapes, dtypes) before any work;
-    returns the tensors (one entry per expert)."""
-    path = Path(path)
-    tensors = checkpoint_tensors(path) if tensors is None else tensors
-    precision, kept = read_quant_config(path)
-    check_tensors(path, tensors, stored_layout(cfg, stored_budget(cfg), precision, kept), cfg.raw)
-    return tensors
 
 
 def load_network(path: str | Path, resident: Budget | None = None, stored: Budget | None = None,

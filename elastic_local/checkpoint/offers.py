@@ -22,8 +22,8 @@ from pathlib import Path
 from ..model.budget import Budget
 from ..model.config import NemotronHConfig
 from ..quant.scheme import PRECISIONS, is_quantized, module_of, read_quant_config, weight_bytes
-from .files import CheckpointError, TensorInfo
-from .load import checkpoint_tensors, verify_tensors
+from .files import CheckpointError, TensorInfo, checkpoint_tensors
+from .verify import verify_tensors
 
 QUANT_DTYPES = {"U8", "F8_E4M3"}  # what a quantized Linear weight is stored as (NVFP4 packed bytes, FP8)
 

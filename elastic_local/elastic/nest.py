@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint.files import Reader
-from ..checkpoint.load import checkpoint_tensors, load_network
+from ..checkpoint.files import Reader, checkpoint_tensors
+from ..checkpoint.load import load_network
 from ..checkpoint.write import CheckpointWriter, check_output
 from ..model.budget import Budget, count_params
 from ..model.config import NemotronHConfig

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..checkpoint.files import Reader
-from ..checkpoint.load import verify_tensors
+from ..checkpoint.verify import verify_tensors
 from ..checkpoint.write import CheckpointWriter, check_output
 from ..model.budget import Budget
 from ..model.config import BLOCK_KINDS, NemotronHConfig

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint.files import Reader
-from ..checkpoint.load import checkpoint_tensors, load_network
+from ..checkpoint.files import Reader, checkpoint_tensors
+from ..checkpoint.load import load_network
 from ..checkpoint.write import CheckpointWriter, check_output
 from ..elastic.importance import calibration_ids
 from ..elastic.select import select_plan, take

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint.files import canonical
-from ..checkpoint.load import checkpoint_tensors
+from ..checkpoint.files import canonical, checkpoint_tensors
 from ..checkpoint.write import CheckpointWriter
 from ..elastic.table import FORMAT_VERSION, budget_entry, check_alignment, read_budgets
 from ..model.budget import Budget

@@ -27,12 +27,13 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from ..checkpoint.load import expected_shapes, load_network
+from ..checkpoint.load import load_network
 from ..checkpoint.write import CheckpointWriter
 from ..model.budget import Budget
 from ..model.config import NemotronHConfig
 from ..model.layout import head_channels, rank_major_heads
 from ..model.nemotron_h import NemotronH
+from ..model.schema import expected_shapes
 
 
 @dataclass
