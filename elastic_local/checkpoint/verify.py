@@ -1,5 +1,5 @@
 """Whether a checkpoint directory's weight files match its config.json (names, shapes, dtypes), from the
-safetensors headers alone: every load checks this before any work, and `fit` and `info` without torch."""
+safetensors headers alone: every load checks this before any work, and `fit --profile` plans from it without torch."""
 
 from __future__ import annotations
 

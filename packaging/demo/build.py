@@ -34,11 +34,13 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-# recipe keys that do not change what a stage computes, so OUT may be resumed with them changed
-RESUMABLE_CHANGES = {"train.threads", "train.save_every", "elastic.checkpoint_every"}
+# recipe keys that do not change what a stage computes, so OUT may be resumed with them changed: the
+# trainer's own (pretrain.RESUMABLE_CHANGES) and the elastic stage's checkpoint interval
+ELASTIC_RESUMABLE = {"elastic.checkpoint_every"}
 
 
 def flat(recipe: dict, prefix: str = "") -> dict:
+    """{"section.key": value} of a nested recipe."""
     return {k: v for key, value in recipe.items()
             for k, v in (flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value}).items()}
 
@@ -51,9 +53,12 @@ def check_recipe(recipe: dict, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
         stamp.write_text(json.dumps(recipe, indent=1) + "\n")
         return
+    from elastic_local.train.pretrain import RESUMABLE_CHANGES
+
+    free = ELASTIC_RESUMABLE | {f"train.{k}" for k in RESUMABLE_CHANGES}
     old, new = flat(json.loads(stamp.read_text())), flat(recipe)
     changed = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(old.keys() | new.keys())
-               if k not in RESUMABLE_CHANGES and old.get(k) != new.get(k)]
+               if k not in free and old.get(k) != new.get(k)]
     if changed:
         raise SystemExit(f"{out} was built from another recipe ({'; '.join(changed)}); give another --out, "
                          f"or remove {out} to rebuild")
