@@ -7,7 +7,7 @@ from elastic_local.tui.store import Store
 from elastic_local.tui.widgets.message import AssistantMessage, SwitchMark
 from elastic_local.tui.widgets.prompt import PromptInput
 from textual.widgets import Collapsible, Markdown
-from tui_util import QUESTION, make_app, wait_until
+from tui_util import QUESTION, footer, make_app, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -28,7 +28,7 @@ async def test_a_message_gets_folded_thinking_and_a_markdown_answer(model):
     async with app.run_test(size=(80, 24)) as pilot:
         await send(pilot, QUESTION)
         await wait_until(pilot, lambda: session(pilot).turn and session(pilot).turn.reply.status == "done")
-        await pilot.pause()
+        await wait_until(pilot, lambda: "answer [full]" in footer(app))  # the reply re-rendered whole
         reply = session(pilot).turn.reply
         assert "carry" in reply.think  # the demo model adds digit by digit while it thinks
         assert reply.answer.startswith("237 + 682 = ")
@@ -109,10 +109,9 @@ async def test_a_key_switches_the_answer_budget_mid_reply(model):
         assert reply.stats["answer_budgets"] == ["full", "mid"]
         mark = reply.marks[-1]
         assert (mark.phase, mark.budget) == ("answer", "mid") and mark.tokens >= 1
+        await wait_until(pilot, lambda: "answer [full->mid]" in footer(app))  # the reply re-rendered whole
         shown = app.screen.query_one(SwitchMark)
         assert "answer -> mid, caught up" in str(shown.render())
-        footer = str(app.screen.query_one(".reply-footer").render())
-        assert "answer [full->mid]" in footer
         assert session(pilot).budgets["answer"] == "mid"  # the next message answers on mid too
 
 
@@ -128,7 +127,7 @@ async def test_escape_stops_the_reply_keeps_it_and_restores_the_prompt(model):
         reply = session(pilot).turn.reply
         stored = Store().conversation(app.screen.conversation_id).messages[-1]
         assert stored.status == "stopped" and stored.reasoning == reply.think and reply.think
-        assert "stopped" in str(app.screen.query_one(".reply-footer").render())
+        await wait_until(pilot, lambda: "stopped" in footer(app))
 
 
 async def test_a_new_app_finds_the_conversation_in_the_history(model):
@@ -187,7 +186,7 @@ async def test_an_engine_failure_shows_on_the_reply_keeps_the_app_and_is_saved(m
         monkeypatch.setattr(session(pilot).chat, "stream", broken)
         await send(pilot, QUESTION)
         await wait_until(pilot, lambda: session(pilot).turn and session(pilot).turn.reply.status == "error")
-        await wait_until(pilot, lambda: "out of memory" in str(app.screen.query_one(".reply-footer").render()))
+        await wait_until(pilot, lambda: "out of memory" in footer(app))
         assert app.is_running and app.screen.query_one(PromptInput).text == QUESTION  # the prompt is back
         stored = Store().conversation(app.screen.conversation_id).messages[-1]
         assert stored.status == "error" and "out of memory" in stored.meta["error"]

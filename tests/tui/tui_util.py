@@ -17,6 +17,13 @@ def make_app(model, **options) -> ElasticChat:
     return ElasticChat(model=model, store=Store(), **{**defaults, **options})
 
 
+def footer(app) -> str:
+    """The reply's footer as shown, or "" while the reply re-renders itself whole at its end (`finish`
+    recomposes it, so for a moment it has no footer)."""
+    found = app.screen.query(".reply-footer")
+    return str(found.last().render()) if found else ""
+
+
 async def wait_until(pilot, predicate, timeout: float = 30.0) -> None:
     """Let the app run until `predicate()` holds; fail after `timeout` seconds."""
     end = time.monotonic() + timeout
