@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import contextmanager, nullcontext, redirect_stderr, redirect_stdout
 from pathlib import Path
 from statistics import median
 
@@ -40,6 +40,8 @@ from elastic_local.tui.widgets.prompt import PromptInput
 
 import elastic_local
 from elastic_local.cli import main as cli
+from elastic_local.engine.events import Token
+from elastic_local.engine.stream import Handover
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "What is 237 + 682?"  # one of the embedded demo model's task families
@@ -67,33 +69,49 @@ async def wait_until(pilot, predicate, every: float = 0.2, timeout: float = 600)
         await pilot.pause(every)
 
 
+@contextmanager
+def switch_after_first_answer_token(app: ElasticChat):
+    """F3's action taken by the generation's own thread as it hands over the reply's first answer token, and
+    waited for (`call_from_thread`), so the switch lands after exactly one answer token. Pressed from the
+    app's side it raced the demo's whole answer (14 tokens, about 17 ms) and often came too late."""
+    put, done = Handover.put, []
+
+    def put_then_switch(self, ev) -> None:
+        put(self, ev)
+        if not done and isinstance(ev, Token) and ev.phase == "answer":
+            done.append(True)
+            app.call_from_thread(app.screen.action_cycle, "answer")
+
+    Handover.put = put_then_switch
+    try:
+        yield
+    finally:
+        Handover.put = put
+
+
 async def app_run(model, args, screenshot: Path | None = None) -> tuple[dict, float]:
     """One reply in the app: (its stats, seconds from Enter to the reply rendered whole). With `screenshot`,
     the reply answers on the smallest budget, F3 switches the answer up to the largest after its first
-    answer tokens (the catch-up shows), and the screen is saved at the end."""
+    answer token (the catch-up shows), and the screen is saved at the end."""
     budgets = {} if screenshot is None else {"answer_budget": model.budgets[-1]}
     store = Store(tempfile.mkdtemp(dir=os.environ["ELASTIC_LOCAL_HOME"]) + "/chat.sqlite3")  # a new conversation
     app = ElasticChat(model=model, store=store, precision="fp32", max_think_tokens=args.think,
                       max_answer_tokens=args.answer, **budgets)
-    async with app.run_test(size=(80, 24 if screenshot is None else 30)) as pilot:
-        prompt = app.screen.query_one(PromptInput)
-        prompt.text = PROMPT
-        t0 = time.perf_counter()
-        if screenshot is None:
+    switching = nullcontext() if screenshot is None else switch_after_first_answer_token(app)
+    with switching:
+        async with app.run_test(size=(80, 24 if screenshot is None else 30)) as pilot:
+            prompt = app.screen.query_one(PromptInput)
+            prompt.text = PROMPT
+            t0 = time.perf_counter()
             await pilot.press("enter")
-        else:  # Enter's action without the pilot's wait for an idle app (which is the whole reply)
-            prompt.action_submit()
-        await wait_until(pilot, lambda: app.session.turn is not None, 0.005)
-        reply = app.session.turn.reply
-        if screenshot is not None:  # the demo's answers are short: watch closely for the first answer tokens
-            await wait_until(pilot, lambda: reply.rates["answer"].tokens >= 1 or reply.status != "streaming", 0.005)
-            app.screen.action_cycle("answer")  # F3's action, at once: a pilot key press waits for the app to idle
-        await app.workers.wait_for_complete()
-        await pilot.pause()
-        seconds = time.perf_counter() - t0
-        if screenshot is not None:
-            app.save_screenshot(screenshot.name, str(screenshot.parent))
-        return reply.stats, seconds
+            await wait_until(pilot, lambda: app.session.turn is not None, 0.005)
+            reply = app.session.turn.reply
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            seconds = time.perf_counter() - t0
+            if screenshot is not None:
+                app.save_screenshot(screenshot.name, str(screenshot.parent))
+            return reply.stats, seconds
 
 
 def launch_times(dir: str | None, home: Path, reps: int, script: Path | None = None) -> list[tuple[float, float]]:

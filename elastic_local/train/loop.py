@@ -2,9 +2,10 @@
 
 One loop (SPEC 2): each step samples a budget (the full model too), the router turns it into soft
 sizes (Gumbel-Softmax), the student runs those soft prefix masks on the one network, and the loss is
-forward KL from the frozen parent's logits plus lambda x the relative gap between the configuration's
-parameter count and the target (outside a dead zone). Stage 1: short sequences, budgets uniform;
-stage 2: full length, budgets weighted toward the largest. Everything random is a function of
+forward KL from the frozen parent's logits plus lambda x the relative gap between the parameter count
+of the configuration that would ship (the router's argmax; `Router.shipped`) and the target, outside a
+dead zone. Stage 1: short sequences, budgets uniform; stage 2: full length, budgets weighted toward the
+largest. Everything random is a function of
 (seed, step), the state is written atomically every N steps, and the same command resumes. Under
 `torchrun` the student is wrapped in PyTorch's DistributedDataParallel (gloo on CPUs, NCCL on GPUs)
 and each rank takes its slice of every batch.
@@ -57,12 +58,13 @@ class Student(nn.Module):
     NemotronH whose weights are these parameters."""
 
     def __init__(self, net: NemotronH, params: dict[str, nn.Parameter], router: Router,
-                 fixed: dict[float, dict] | None = None):
+                 fixed: dict[float, dict] | None = None, cost_on: str = "argmax"):
         super().__init__()
         self.weights = nn.ParameterList(params.values())
         self.router = router
         self.net = net
         self.fixed = fixed  # fraction -> one-hot weights: configurations kept as they are (QAD of a trained file)
+        self.cost_on = cost_on  # Recipe.cost_on
 
     def forward(self, ids, trained, teacher_logp, fraction: float | None, target: float, tau: float, scale: float,
                 noise: torch.Generator, norm: float, cost_lambda: float, dead_zone: float):
@@ -70,7 +72,8 @@ class Student(nn.Module):
         if fraction is not None:
             w = self.fixed[fraction] if self.fixed else self.router.sample(fraction, tau, scale, noise)
             soft, hidden = self.router.soft_layers(w), self.router.soft_hidden(w)
-            cost = self.router.expected_params(w)
+            priced = self.router.shipped(fraction) if self.cost_on == "argmax" and not self.fixed else w
+            cost = self.router.expected_params(priced)
             cost_loss = cost_lambda * F.relu((cost / target - 1).abs() - dead_zone)
         kd = kd_sum(self.net.forward(ids, soft=soft, soft_hidden=hidden), teacher_logp, trained) / norm
         return kd + cost_loss.to(kd.dtype).to(kd.device), kd.detach(), cost
@@ -110,13 +113,16 @@ class Progress:
     total: int
     every: int
     running: dict[str, float] = field(default_factory=dict)
+    sizes: dict[str, float] = field(default_factory=dict)  # budget -> the shipped configuration's share of the full
     started: float = field(default_factory=time.monotonic)
     first_step: int = 0
     tokens: int = 0
 
-    def update(self, step: int, name: str, kd: float, tokens: int) -> None:
+    def update(self, step: int, name: str, kd: float, tokens: int, size: float | None = None) -> None:
         prev = self.running.get(name)
         self.running[name] = kd if prev is None else 0.9 * prev + 0.1 * kd
+        if size is not None:
+            self.sizes[name] = size
         self.tokens += tokens
         if (step + 1) % self.every and step + 1 != self.total:
             return
@@ -124,8 +130,10 @@ class Progress:
         done = step + 1 - self.first_step
         eta = dt / done * (self.total - step - 1)
         losses = " ".join(f"{k} {v:.4f}" for k, v in self.running.items())
+        sizes = " ".join(f"{k} {v:.1%}" for k, v in self.sizes.items())
         end = "\r" if sys.stderr.isatty() and step + 1 != self.total else "\n"
-        print(f"step {step + 1}/{self.total} | kd {losses} | {self.tokens / dt:,.0f} tok/s | "
+        print(f"step {step + 1}/{self.total} | kd {losses} | {f'size {sizes} | ' if sizes else ''}"
+              f"{self.tokens / dt:,.0f} tok/s | "
               f"ETA {int(eta) // 60}m{int(eta) % 60:02d}s", end=end, file=sys.stderr, flush=True)
 
 
@@ -240,7 +248,7 @@ def train(src: str | Path, out: str | Path, data: list[str], budgets: dict[str, 
         fixed = {f: router.weights_of(table[n]) for n, f in zip(router.names, router.fractions)}
     if qad:
         fake_quantize(net, qad, stored_dtypes(parent))
-    student = Student(net, params, router, fixed)
+    student = Student(net, params, router, fixed, recipe.cost_on)
     opt = torch.optim.AdamW(params.values(), lr=recipe.lr, weight_decay=0.0)
     ropt = torch.optim.AdamW(router.parameters(), lr=recipe.router_lr, weight_decay=0.0)
 
@@ -299,7 +307,7 @@ def train(src: str | Path, out: str | Path, data: list[str], budgets: dict[str, 
                 g["lr"] = sched.lr(step, base)
         noise = torch.Generator().manual_seed(recipe.seed * 104_729 + step)
         with autocast:  # the forward only: backward follows autocast's casts, the optimizer steps fp32 weights
-            loss, kd, _ = model(ids, tr, tlogp, fraction, (fraction or 1.0) * full_params, tau, scale, noise,
+            loss, kd, cost = model(ids, tr, tlogp, fraction, (fraction or 1.0) * full_params, tau, scale, noise,
                                 max(norm, 1e-9), recipe.cost_lambda, recipe.dead_zone)
         opt.zero_grad(set_to_none=True)
         ropt.zero_grad(set_to_none=True)
@@ -310,7 +318,8 @@ def train(src: str | Path, out: str | Path, data: list[str], budgets: dict[str, 
         if fraction is not None and fixed is None:
             ropt.step()
         if rank == 0:
-            prog.update(step, name, float(kd), ids.numel() * world)  # rank 0's share of the batch
+            size = None if cost is None else float(cost) / full_params
+            prog.update(step, name, float(kd), ids.numel() * world, size)  # rank 0's share of the batch
         if (step + 1) % recipe.checkpoint_every == 0 or step + 1 == last:
             checkpoint(step + 1)
     if last < recipe.steps:

@@ -40,6 +40,9 @@ class Recipe:
     scale_end: float = 10.0
     cost_lambda: float = 1.0
     dead_zone: float = 0.05
+    # what the size penalty prices: "argmax", the configuration that ships (straight-through, router.shipped);
+    # "samples", the Gumbel samples the distillation runs (saturates late in the anneal; the demo's build)
+    cost_on: str = "argmax"
     heldout_fraction: float = 0.05
     checkpoint_every: int = 50
     seed: int = 0
@@ -70,6 +73,8 @@ class Recipe:
             raise ValueError(f"{where}: stage1_fraction must be in 0..1, got {self.stage1_fraction}")
         if not 0 < self.heldout_fraction < 1:
             raise ValueError(f"{where}: heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
+        if self.cost_on not in ("argmax", "samples"):
+            raise ValueError(f"{where}: cost_on must be argmax or samples, got {self.cost_on!r}")
         if self.autocast not in ("auto", "bf16", "off"):
             raise ValueError(f"{where}: autocast must be auto, bf16 or off, got {self.autocast!r}")
         unknown = sorted(set(self.router_axes) - set(ROUTED_AXES))

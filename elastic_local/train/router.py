@@ -128,6 +128,17 @@ class Router(nn.Module):
         return {a: nn.functional.one_hot(lg.argmax(-1), lg.shape[-1]).to(lg.dtype)
                 for a, lg in self.logits(fraction).items()}
 
+    def shipped(self, fraction: float) -> dict:
+        """`hard`'s one-hot weights, the configuration export takes, with the gradient of the router's plain
+        softmax (straight-through): the size penalty prices what ships, and still moves the logits once the
+        Gumbel samples have sharpened to one-hot (their softmax at temperature 0.05 and scale 10 passes
+        almost no gradient, so a penalty on the samples froze wherever the router stood by then)."""
+        out = {}
+        for a, lg in self.logits(fraction).items():
+            p = torch.softmax(lg, dim=-1)
+            out[a] = nn.functional.one_hot(lg.argmax(-1), lg.shape[-1]).to(lg.dtype) + p - p.detach()
+        return out
+
     def weights_of(self, b: Budget) -> dict:
         """One-hot weights [rows, choices] that select a hard configuration's sizes (training-mode masks
         of a budget from the table)."""

@@ -138,3 +138,34 @@ def test_every_axis_hard_configuration_runs_as_its_budget_view(net):
             train_mode = net.forward(IDS, soft=router.soft_layers(w), soft_hidden=router.soft_hidden(w))
             torch.testing.assert_close(train_mode, net.forward(IDS, budget=b), atol=2e-5, rtol=1e-5)
         assert abs(float(router.expected_params(w)) - count_params(net.cfg, b)[0]) < 1  # exact for one-hot
+
+
+def test_the_size_penalty_still_moves_a_router_whose_samples_have_saturated(tmp_path):
+    """At the end of the anneal (temperature 0.05, logit scale 10) a router sure of the full sizes samples
+    exact one-hots, which pass no gradient; the penalty prices the argmax configuration (what ships) through
+    the router's plain softmax, so it still brings that configuration to its target."""
+    make_checkpoint(tmp_path / "p", seed=6, **ALIGNED)
+    net = load_network(tmp_path / "p")
+    params = make_trainable(net)
+    torch.manual_seed(2)
+    router = Router(net.cfg, {"half": 0.5, "big": 0.8})
+    with torch.no_grad():
+        for a, m in router.mlps.items():
+            m[2].bias.copy_(torch.tensor([0.0] * (len(router.choices[a]) - 1) + [3.0]).repeat(router._rows(a)))
+    student = Student(net, params, router)
+    full = float(count_params(net.cfg, Budget.full(net.cfg))[0])
+    target, dead_zone = 0.5 * full, 0.1
+    shipped = lambda: float(router.expected_params(router.hard(0.5)))  # noqa: E731
+    samples = router.sample(0.5, 0.05, 10.0, torch.Generator().manual_seed(0))
+    assert all(bool(((w == 0) | (w == 1)).all()) for w in samples.values())  # saturated: exact one-hots
+    assert shipped() / target - 1 > 0.5
+    with torch.no_grad():
+        tlogp = torch.log_softmax(net.forward(IDS), -1)
+    opt = torch.optim.Adam(router.parameters(), lr=0.05)
+    for step in range(60):
+        loss, _, _ = student(IDS, torch.ones(IDS.shape), tlogp, 0.5, target, 0.05, 10.0,
+                             torch.Generator().manual_seed(step), float(IDS.numel()), 100.0, dead_zone)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert abs(shipped() / target - 1) <= dead_zone

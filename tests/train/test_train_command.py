@@ -194,3 +194,15 @@ def test_dtype_sets_the_recipes_autocast_and_bfloat16_runs_the_forwards_in_it(tr
         seen.clear()
         assert main(train_args(trained, f"parse-{flag}", 1, *(("--dtype", flag) if flag else ()))) == 0
         assert seen["autocast"] == want == (AUTOCAST_OF_DTYPE[flag] if flag else "auto")
+
+
+def test_the_progress_line_shows_each_budget_s_shipped_size_beside_its_loss(capsys):
+    from elastic_local.train.loop import Progress
+
+    prog = Progress(total=3, every=1)
+    prog.update(0, "full", 0.05, 100)
+    assert "size" not in capsys.readouterr().err  # the full model has no size to learn
+    prog.update(1, "small", 0.4, 100, 0.4123)
+    prog.update(2, "mid", 0.3, 100, 0.7751)
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line.startswith("step 3/3 | kd full 0.0500 small 0.4000 mid 0.3000 | size small 41.2% mid 77.5% | ")

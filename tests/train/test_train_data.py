@@ -69,3 +69,5 @@ def test_recipe_file_and_overrides(tmp_path):
     f.write_text("[train]\nstepz = 7\n")
     with pytest.raises(ValueError, match="unknown recipe key"):
         Recipe.load(f)
+    with pytest.raises(ValueError, match="cost_on must be argmax or samples"):
+        Recipe.load(None, cost_on="sample")
