@@ -318,7 +318,7 @@ def train(src: str | Path, out: str | Path, data: list[str], budgets: dict[str, 
         if fraction is not None and fixed is None:
             ropt.step()
         if rank == 0:
-            size = None if cost is None else float(cost) / full_params
+            size = None if cost is None else float(cost.detach()) / full_params
             prog.update(step, name, float(kd), ids.numel() * world, size)  # rank 0's share of the batch
         if (step + 1) % recipe.checkpoint_every == 0 or step + 1 == last:
             checkpoint(step + 1)
