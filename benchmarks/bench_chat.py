@@ -118,6 +118,17 @@ def launch_times(dir: str | None, home: Path, reps: int, script: Path | None = N
     """Seconds from starting `elastic-chat [DIR]` (`script`, default this install's) in a tmux pane to its
     first screen (any of its text: the loading screen, shown before torch imports) and to its chat footer."""
     command = f"{script or Path(sys.executable).with_name('elastic-chat')} {dir or ''}"
+    # a session that outlives the timed ones: killing the server's last session stops the server, and a
+    # new-session right after could reach the one shutting down and fail (it did, on the 5th of 5 reps)
+    keeper = f"bench-chat-{os.getpid()}-keeper"
+    subprocess.run(["tmux", "new-session", "-d", "-s", keeper, "sleep 3600"], check=True)
+    try:
+        return _launches(command, home, reps)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", keeper], check=False)
+
+
+def _launches(command: str, home: Path, reps: int) -> list[tuple[float, float]]:
     out = []
     for i in range(reps):
         name = f"bench-chat-{os.getpid()}-{i}"

@@ -45,7 +45,7 @@ async def test_a_message_gets_folded_thinking_and_a_markdown_answer(model):
 async def test_a_seeded_sampled_chat_replies_as_the_library_does(model):
     """elastic-chat's --temperature / --top-p / --seed reach the engine: the app's reply is the library
     chat's with the same sampling (run ahead in the C step there and here), not the greedy one."""
-    opts = dict(temperature=1.0, top_p=0.95, seed=2)  # a seed whose draw leaves the greedy path
+    opts = dict(temperature=1.0, top_p=0.95, seed=8)  # a seed whose draw leaves the greedy path
     app = make_app(model, **opts)
     async with app.run_test(size=(80, 24)) as pilot:
         await send(pilot, QUESTION)
@@ -58,16 +58,16 @@ async def test_a_seeded_sampled_chat_replies_as_the_library_does(model):
 
 
 async def test_sample_switches_the_next_replies_between_sampling_and_greedy(model):
-    """/sample temperature=1 top_p=0.95 seed=2: the next reply is the library chat's with that sampling;
+    """/sample temperature=1 top_p=0.95 seed=8: the next reply is the library chat's with that sampling;
     a value out of range is an error that changes nothing; /sample off: greedy again."""
     limits = dict(max_think_tokens=200, max_answer_tokens=40)
-    sampled = model.chat(temperature=1.0, top_p=0.95, seed=2).send(QUESTION, **limits).answer_text
+    sampled = model.chat(temperature=1.0, top_p=0.95, seed=8).send(QUESTION, **limits).answer_text
     greedy = model.chat().send(QUESTION, **limits).answer_text
     assert sampled != greedy
     app = make_app(model)
     async with app.run_test(size=(80, 24)) as pilot:
         replies = []
-        for command in ("/sample temperature=1 top_p=0.95 seed=2", "/sample top_p=2", "/sample off"):
+        for command in ("/sample temperature=1 top_p=0.95 seed=8", "/sample top_p=2", "/sample off"):
             await send(pilot, command)
             await pilot.pause()
             await send(pilot, QUESTION)
@@ -75,7 +75,7 @@ async def test_sample_switches_the_next_replies_between_sampling_and_greedy(mode
             replies.append(session(pilot).turn.reply.answer)
             await send(pilot, "/new")
             await pilot.pause()
-        assert session(pilot).sampling == {"temperature": 0.0, "top_p": 0.95, "seed": 2}
+        assert session(pilot).sampling == {"temperature": 0.0, "top_p": 0.95, "seed": 8}
     assert replies == [sampled, sampled, greedy]
 
 
