@@ -5,10 +5,9 @@ sizes (Gumbel-Softmax), the student runs those soft prefix masks on the one netw
 forward KL from the frozen parent's logits plus lambda x the relative gap between the parameter count
 of the configuration that would ship (the router's argmax; `Router.shipped`) and the target, outside a
 dead zone. Stage 1: short sequences, budgets uniform; stage 2: full length, budgets weighted toward the
-largest. Everything random is a function of
-(seed, step), the state is written atomically every N steps, and the same command resumes. Under
-`torchrun` the student is wrapped in PyTorch's DistributedDataParallel (gloo on CPUs, NCCL on GPUs)
-and each rank takes its slice of every batch.
+largest. Everything random is a function of (seed, step), the state is written atomically every N steps,
+and the same command resumes. Under `torchrun` the student is wrapped in PyTorch's
+DistributedDataParallel (gloo on CPUs, NCCL on GPUs) and each rank takes its slice of every batch.
 """
 
 from __future__ import annotations
@@ -308,7 +307,7 @@ def train(src: str | Path, out: str | Path, data: list[str], budgets: dict[str, 
         noise = torch.Generator().manual_seed(recipe.seed * 104_729 + step)
         with autocast:  # the forward only: backward follows autocast's casts, the optimizer steps fp32 weights
             loss, kd, cost = model(ids, tr, tlogp, fraction, (fraction or 1.0) * full_params, tau, scale, noise,
-                                max(norm, 1e-9), recipe.cost_lambda, recipe.dead_zone)
+                                   max(norm, 1e-9), recipe.cost_lambda, recipe.dead_zone)
         opt.zero_grad(set_to_none=True)
         ropt.zero_grad(set_to_none=True)
         loss.backward()

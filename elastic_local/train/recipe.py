@@ -41,7 +41,7 @@ class Recipe:
     cost_lambda: float = 1.0
     dead_zone: float = 0.05
     # what the size penalty prices: "argmax", the configuration that ships (straight-through, router.shipped);
-    # "samples", the Gumbel samples the distillation runs (saturates late in the anneal; the demo's build)
+    # "samples", the Gumbel samples the distillation runs (saturates late in the anneal; the demo's third build)
     cost_on: str = "argmax"
     heldout_fraction: float = 0.05
     checkpoint_every: int = 50

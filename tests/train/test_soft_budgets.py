@@ -149,13 +149,18 @@ def test_the_size_penalty_still_moves_a_router_whose_samples_have_saturated(tmp_
     params = make_trainable(net)
     torch.manual_seed(2)
     router = Router(net.cfg, {"half": 0.5, "big": 0.8})
-    with torch.no_grad():
+    with torch.no_grad():  # every row's logits favour the full size by 3
         for a, m in router.mlps.items():
-            m[2].bias.copy_(torch.tensor([0.0] * (len(router.choices[a]) - 1) + [3.0]).repeat(router._rows(a)))
+            bias = m[2].bias.view(-1, len(router.choices[a]))
+            bias.zero_()
+            bias[:, -1] = 3.0
     student = Student(net, params, router)
     full = float(count_params(net.cfg, Budget.full(net.cfg))[0])
     target, dead_zone = 0.5 * full, 0.1
-    shipped = lambda: float(router.expected_params(router.hard(0.5)))  # noqa: E731
+
+    def shipped() -> float:
+        return float(router.expected_params(router.hard(0.5)))
+
     samples = router.sample(0.5, 0.05, 10.0, torch.Generator().manual_seed(0))
     assert all(bool(((w == 0) | (w == 1)).all()) for w in samples.values())  # saturated: exact one-hots
     assert shipped() / target - 1 > 0.5
