@@ -112,7 +112,8 @@ class Progress:
     total: int
     every: int
     running: dict[str, float] = field(default_factory=dict)
-    sizes: dict[str, float] = field(default_factory=dict)  # budget -> the shipped configuration's share of the full
+    # budget -> the priced configuration's share of the full model: what ships (with cost_on = samples, the sample)
+    sizes: dict[str, float] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     first_step: int = 0
     tokens: int = 0
