@@ -114,10 +114,10 @@ def test_template_helpers_and_errors():
 
 
 def test_a_template_says_whether_earlier_turns_reach_the_model():
-    from elastic_local.tasks.tokenizer import CHAT_TEMPLATE as DEMO_TEMPLATE
+    from elastic_local.tasks.tokenizer import CHAT_TEMPLATES
 
     assert ChatTemplate(None).keeps_history and ChatTemplate(CHAT_TEMPLATE).keeps_history
-    assert not ChatTemplate(DEMO_TEMPLATE).keeps_history  # the demo's: the latest question only
+    assert not ChatTemplate(CHAT_TEMPLATES["latest"]).keeps_history  # a single-turn corpus's: the latest question
     strict = "{% if messages | length > 1 %}{{ raise_exception('one message') }}{% endif %}{{ messages[0].content }}"
     assert ChatTemplate(strict).keeps_history  # rules of its own: assumed to keep them
 

@@ -6,7 +6,8 @@ import json
 
 from elastic_local.cli import main
 from elastic_local.evaluate.report import pareto
-from elastic_local.evaluate.run import asked_second, eval_items
+from elastic_local.evaluate.run import asked_second, eval_items, follow_ups
+from elastic_local.tasks.families import FOLLOW_UP
 
 
 def test_eval_on_a_few_items_writes_table_json_and_plot(tmp_path, capsys):
@@ -15,7 +16,7 @@ def test_eval_on_a_few_items_writes_table_json_and_plot(tmp_path, capsys):
                  "--plot", str(png)]) == 0
     text = capsys.readouterr().out
     for heading in ("accuracy per budget and level", "accuracy per budget and family", "budget control",
-                    "asked second in a chat", "load-time quantization"):
+                    "asked second in a chat", "follow-ups on those items' answers", "load-time quantization"):
         assert heading in text
     report = json.loads(out.read_text())
     full = next(s for s in report["scores"] if (s["think"], s["answer"], s["precision"]) == ("full", "full", "bf16"))
@@ -33,6 +34,8 @@ def test_eval_on_a_few_items_writes_table_json_and_plot(tmp_path, capsys):
         assert set(s["by_level"]) == {"1"}
     second = report["asked_second"]
     assert second["budget"] == "full" and second["second"]["n"] == 7 and 0 <= second["second"]["accuracy"] <= 1
+    ups = report["follow_ups"]
+    assert ups["think"] == "full" and ups["n"] == 6 and 0 <= ups["accuracy"] <= 1  # every family but sorting
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -44,6 +47,18 @@ def test_asked_second_puts_another_item_s_question_and_answer_before_each_questi
         assert [m["role"] for m in chat] == ["user", "assistant", "user"] and chat[-1]["content"] == it.question
         before = next(b for b in its if b.question == chat[0]["content"])
         assert before is not it and chat[1]["content"] == before.answer
+
+
+def test_follow_ups_ask_about_each_numeric_item_s_answer_right_after_it():
+    its = eval_items(2)
+    ups, chats = follow_ups(its, seed=1234)
+    assert (ups, chats) == follow_ups(its, seed=1234)
+    numeric = [it for it in its if it.family != "sorting"]
+    assert len(ups) == len(chats) == len(numeric)
+    for it, up, chat in zip(numeric, ups, chats):
+        assert up.family == FOLLOW_UP and up.level == it.level and up.trace.startswith(f"that is {it.truth}\n")
+        assert chat == [{"role": "user", "content": it.question}, {"role": "assistant", "content": it.answer},
+                        {"role": "user", "content": up.question}]
 
 
 def test_frontier_keeps_only_configurations_nothing_beats():

@@ -7,8 +7,19 @@ import re
 
 import pytest
 
-from elastic_local.tasks.corpus import chat_text, check, extract, held_out, items
-from elastic_local.tasks.families import ALL_LEVELS, FAMILIES, TRAIN_LEVELS
+from elastic_local.engine.chat import ChatTemplate
+from elastic_local.tasks.corpus import (
+    chat_text,
+    check,
+    conversation_text,
+    conversations,
+    extract,
+    held_out,
+    items,
+    prompt_messages,
+)
+from elastic_local.tasks.families import ALL_LEVELS, FAMILIES, FOLLOW_UP, TRAIN_LEVELS
+from elastic_local.tasks.tokenizer import CHAT_TEMPLATES
 
 
 def ints(text: str) -> list[int]:
@@ -92,6 +103,42 @@ def test_conversations_use_chatml_with_thinking():
     prompt, completion = chat_text(it)
     assert prompt == f"<|im_start|>user\n{it.question}<|im_end|>\n<|im_start|>assistant\n<think>\n"
     assert completion == f"{it.trace}</think>{it.answer}<|im_end|>"
+
+
+def test_a_single_turn_corpus_is_the_items_one_conversation_each():
+    """multi_turn 0 (the recipe's default) leaves the corpus the shipped builds were trained on unchanged."""
+    convs = list(conversations("train", 200, seed=4))
+    assert [c.item for c in convs] == list(items("train", 200, seed=4)) and not any(c.earlier for c in convs)
+
+
+def test_multi_turn_conversations_follow_up_on_the_answer_before_and_render_as_the_template_does():
+    convs = list(conversations("train", 3000, seed=4, multi_turn=0.3))
+    assert convs == list(conversations("train", 3000, seed=4, multi_turn=0.3))
+    earlier = [c for c in convs if c.earlier]
+    ups = [c for c in earlier if c.item.family == FOLLOW_UP]
+    assert 0.27 < len(earlier) / len(convs) < 0.33 and {len(c.earlier) for c in earlier} == {1, 2}
+    assert 0.35 < len(ups) / len(earlier) < 0.5  # half, less those after a sorted list (no number to follow up)
+    template = ChatTemplate(CHAT_TEMPLATES["all"])
+    for c in earlier[:200]:
+        prompt, completion = chat_text(c.item, c.earlier)
+        assert template.render(prompt_messages(c.item, c.earlier)) == prompt
+        assert conversation_text(c) == prompt + completion and completion.endswith(f"{c.item.answer}<|im_end|>")
+    for c in ups:
+        before = int(c.earlier[-1].truth)  # never a list
+        b = ints(c.item.question)[0]
+        plus = "add" in c.item.question.lower() or "+" in c.item.question or "plus" in c.item.question
+        assert c.item.truth == str(before + b if plus else before - b) and int(c.item.truth) >= 0
+        assert c.item.trace.startswith(f"that is {before}\n") and check(c.item, c.item.answer)
+        digits = c.item.trace.strip().splitlines()[-1].removeprefix("digits from the right: ").split()
+        assert ("".join(reversed(digits)).lstrip("0") or "0") == c.item.truth
+
+
+def test_the_latest_question_template_drops_earlier_turns_and_the_all_template_keeps_them():
+    item, before = list(items("train", 2, seed=5))
+    latest, every = ChatTemplate(CHAT_TEMPLATES["latest"]), ChatTemplate(CHAT_TEMPLATES["all"])
+    assert latest.render(prompt_messages(item, [before])) == chat_text(item)[0]
+    assert every.render(prompt_messages(item, [before])) == chat_text(item, [before])[0]
+    assert every.keeps_history and not latest.keeps_history
 
 
 def test_unknown_split_or_family_is_a_clear_error():

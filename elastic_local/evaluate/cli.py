@@ -12,7 +12,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """Score a nested checkpoint (default: the embedded demo model) on held-out items of the task corpus:
     accuracy per budget and level, and per budget and task family; budget control (small/small,
     small/full, mid/full, full/small, full/full) with thinking tokens and time per item; the largest budget
-    on the same items asked second in a chat; FP8 and NVFP4 recovery (load-time quantization).
+    on the same items asked second in a chat and on follow-ups to them ("Add 45 to that."); FP8 and NVFP4
+    recovery (load-time quantization).
 
     elastic-local eval --items 3 --precisions ''           (the embedded model, bf16 only: ~1 min)
     elastic-local eval ./ckpt --json report.json --plot frontier.png --compare ./independent-small"""

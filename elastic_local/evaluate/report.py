@@ -43,6 +43,10 @@ def tables(report: dict) -> str:
         a = report["asked_second"]
         lines += ["", f"the same items asked second in a chat, after another question and its answer ({base})",
                   f"  {a['budget']:<8} asked first {_pct(a['first'])}, asked second {_pct(a['second']['accuracy'])}"]
+    if report.get("follow_ups"):
+        f = report["follow_ups"]
+        lines += ["", f"follow-ups on those items' answers (\"Add 45 to that.\", after an item and its answer; {base})",
+                  f"  {f['think']:<8} {_pct(f['accuracy'])} of {f['n']}"]
     if report.get("precision"):
         lines += ["", "load-time quantization: accuracy and recovery of BF16 accuracy"]
         lines.append(f"  {'budget':<8} {'precision':<9} {'accuracy':>8} {'bf16':>7} {'recovery':>8}")

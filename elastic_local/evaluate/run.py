@@ -1,6 +1,7 @@
 """Score a model on the held-out task items: accuracy per budget and level, budget control (thinking on
-one budget, answering on another), the same items asked second in a chat (what a chat's history costs),
-precision recovery, and a comparison with an independently trained model.
+one budget, answering on another), the same items asked second in a chat (what a chat's history costs) and
+followed up ("Add 45 to that.": whether it reads a chat's history), precision recovery, and a comparison
+with an independently trained model.
 
 Items run as a batch file's requests do (greedy, continuous batching up to `batch_size` rows, or one at a
 time where the first items' timing says that is faster: batch/scheduler.py's Admission), so the time per item
@@ -10,6 +11,7 @@ batch-1 latency.
 
 from __future__ import annotations
 
+import random
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -25,7 +27,7 @@ from ..engine.phases import Request
 from ..model.budget import count_params
 from ..quant.scheme import read_quant_config
 from ..tasks.corpus import check, items, prompt_messages
-from ..tasks.families import ALL_LEVELS, FAMILIES, Item
+from ..tasks.families import ALL_LEVELS, FAMILIES, Item, follow_up
 
 # (think, answer) roles of the budget-control table; roles map to the model's budgets, largest first
 CONTROL = (("small", "small"), ("small", "full"), ("mid", "full"), ("full", "small"), ("full", "full"))
@@ -80,8 +82,16 @@ def asked_second(its: list[Item]) -> list[list[dict]]:
     """Each item as a chat's second question: after the next item's question and its true answer, the answer
     alone as a chat keeps an answered turn. A model that loses track once a chat has history shows it here."""
     before = its[1:] + its[:1]
-    return [[*prompt_messages(b), {"role": "assistant", "content": b.answer}, *prompt_messages(it)]
-            for b, it in zip(before, its)]
+    return [prompt_messages(it, [b]) for b, it in zip(before, its)]
+
+
+def follow_ups(its: list[Item], seed: int) -> tuple[list[Item], list[list[dict]]]:
+    """A follow-up on each item whose answer is one number ("Add 45 to that.", after the item's question and
+    its true answer): (the follow-ups, their chats). Fixed for a given seed. A model that sees a chat's
+    latest question only cannot know what "that" is, so this measures whether it reads the history."""
+    rng = random.Random(f"follow-ups:{seed}")
+    pairs = [(it, f) for it in its if (f := follow_up(rng, it)) is not None]
+    return [f for _, f in pairs], [prompt_messages(f, [it]) for it, f in pairs]
 
 
 def score(model: ElasticModel, its: list[Item], think: str, answer: str, precision: str = "bf16",
@@ -156,6 +166,9 @@ def evaluate(path: str | Path | None, per_cell: int = 5, levels: tuple[int, ...]
     second = score(model, its, largest, largest, base, batch_size, chats=asked_second(its))
     report["asked_second"] = {"budget": largest, "first": done[(largest, largest, base)].accuracy,
                               "second": second.to_dict()}
+    ups, chats = follow_ups(its, seed)
+    say(f"{base} think={largest} answer={largest}: {len(ups)} follow-ups on those items")
+    report["follow_ups"] = score(model, ups, largest, largest, base, batch_size, chats=chats).to_dict()
     del model
 
     report["precision"] = []

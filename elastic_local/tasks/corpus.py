@@ -3,6 +3,11 @@
 Train and held-out never share a question: a question belongs to the held-out split when its hash falls
 in a fixed tenth, whatever the seed or the counts. The held-out split also has level 4, which training
 never sees. Everything is a pure function of (split, seed, count), so a recipe rebuilds the same corpus.
+
+A share of the conversations can have turns before the one the model learns (`conversations`): one or two
+earlier questions answered as a chat keeps them (the answer alone), then a new question or a follow-up on
+the last answer ("Add 45 to that."), so that a model trained on it answers the latest question of a chat
+with its history in view.
 """
 
 from __future__ import annotations
@@ -10,9 +15,10 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
-from .families import ALL_LEVELS, FAMILIES, TRAIN_LEVELS, Item
+from .families import ALL_LEVELS, FAMILIES, TRAIN_LEVELS, Item, follow_up
 
 THINK_START, THINK_END = "<think>", "</think>"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -46,8 +52,34 @@ def items(split: str, n: int, seed: int, levels: tuple[int, ...] | None = None,
         k += 1
 
 
-def prompt_messages(item: Item) -> list[dict]:
-    return [{"role": "user", "content": item.question}]
+@dataclass(frozen=True)
+class Conversation:
+    earlier: tuple[Item, ...]  # turns before, shown as a chat keeps them: the question and the answer alone
+    item: Item  # the question the model answers, with its thinking: what the loss and the checker see
+
+
+def conversations(split: str, n: int, seed: int, multi_turn: float = 0.0) -> Iterator[Conversation]:
+    """`n` conversations of `split`: items() one per conversation, and where `multi_turn` > 0 that share of
+    them after one or two earlier turns (items of the same stream), half of those a follow-up on the last
+    earlier answer. multi_turn 0 gives exactly items()'s conversations, the single-turn corpus."""
+    stream = items(split, n * 3 if multi_turn else n, seed)
+    turns = random.Random(f"{split}:{seed}:turns")
+    for _ in range(n):
+        if not multi_turn or turns.random() >= multi_turn:
+            yield Conversation((), next(stream))
+            continue
+        earlier = tuple(next(stream) for _ in range(turns.randint(1, 2)))
+        if turns.random() < 0.5 and (question := follow_up(turns, earlier[-1])) is not None:
+            yield Conversation(earlier, question)
+        else:
+            yield Conversation(earlier, next(stream))
+
+
+def prompt_messages(item: Item, earlier: Sequence[Item] = ()) -> list[dict]:
+    """The chat that asks `item`, after `earlier` turns as a chat keeps them (the answer alone)."""
+    before = [m for it in earlier for m in ({"role": "user", "content": it.question},
+                                              {"role": "assistant", "content": it.answer})]
+    return [*before, {"role": "user", "content": item.question}]
 
 
 def assistant_text(item: Item) -> str:
@@ -55,12 +87,19 @@ def assistant_text(item: Item) -> str:
     return f"{item.trace}{THINK_END}{item.answer}"
 
 
-def chat_text(item: Item) -> tuple[str, str]:
+def chat_text(item: Item, earlier: Sequence[Item] = ()) -> tuple[str, str]:
     """(prompt, completion) of one training conversation: the prompt ends in the generation prompt
-    `<|im_start|>assistant\\n<think>\\n` (what the chat template renders), the completion is the
-    assistant's thinking and answer and the end of turn."""
-    prompt = f"{IM_START}user\n{item.question}{IM_END}\n{IM_START}assistant\n{THINK_START}\n"
+    `<|im_start|>assistant\\n<think>\\n` (what the chat template renders, earlier turns as
+    `<think></think>answer`), the completion is the assistant's thinking and answer and the end of turn."""
+    before = "".join(f"{IM_START}user\n{it.question}{IM_END}\n{IM_START}assistant\n{THINK_START}{THINK_END}"
+                     f"{it.answer}{IM_END}\n" for it in earlier)
+    prompt = f"{before}{IM_START}user\n{item.question}{IM_END}\n{IM_START}assistant\n{THINK_START}\n"
     return prompt, f"{assistant_text(item)}{IM_END}"
+
+
+def conversation_text(c: Conversation) -> str:
+    """A conversation as one text (a tokenizer's, a calibration's or a distillation's corpus line)."""
+    return "".join(chat_text(c.item, c.earlier))
 
 
 _INT = re.compile(r"\d+")

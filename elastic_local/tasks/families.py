@@ -44,11 +44,9 @@ def _operands(rng: random.Random, level: int) -> tuple[int, int]:
     return (_number(rng, rng.randint(1, level + 1)), _number(rng, rng.randint(1, level + 1)))
 
 
-def addition(rng: random.Random, level: int) -> Item:
-    """Column addition right to left; the trace writes the result's digits from the last one, the answer
-    reads them back in order."""
-    a, b = _operands(rng, level)
-    q = rng.choice(["What is {a} + {b}?", "Add {a} and {b}.", "Compute {a} + {b}.", "{a} + {b} = ?"])
+def column_sum(a: int, b: int) -> str:
+    """The trace of a + b: column addition right to left, the result's digits written from the last one
+    (the answer reads them back in order)."""
     da, db = _digits(a)[::-1], _digits(b)[::-1]
     lines, carry, out = [], 0, []
     for i in range(max(len(da), len(db))):
@@ -62,15 +60,11 @@ def addition(rng: random.Random, level: int) -> Item:
         lines.append("write the carry 1")
         out.append(1)
     lines.append("digits from the right: " + " ".join(map(str, out)))
-    total = a + b
-    return Item("addition", level, q.format(a=a, b=b), "\n".join(lines) + "\n", f"{a} + {b} = {total}", str(total))
+    return "\n".join(lines) + "\n"
 
 
-def subtraction(rng: random.Random, level: int) -> Item:
-    """Column subtraction with borrows, the larger number first."""
-    a, b = _operands(rng, level)
-    a, b = max(a, b), min(a, b)
-    q = rng.choice(["What is {a} - {b}?", "Subtract {b} from {a}.", "Compute {a} - {b}.", "{a} - {b} = ?"])
+def column_difference(a: int, b: int) -> str:
+    """The trace of a - b (a >= b): column subtraction with borrows."""
     da, db = _digits(a)[::-1], _digits(b)[::-1]
     lines, borrow, out = [], 0, []
     for i in range(len(da)):
@@ -86,8 +80,21 @@ def subtraction(rng: random.Random, level: int) -> Item:
             out.append(top - y)
             borrow = 0
     lines.append("digits from the right: " + " ".join(map(str, out)))
-    diff = a - b
-    return Item("subtraction", level, q.format(a=a, b=b), "\n".join(lines) + "\n", f"{a} - {b} = {diff}", str(diff))
+    return "\n".join(lines) + "\n"
+
+
+def addition(rng: random.Random, level: int) -> Item:
+    a, b = _operands(rng, level)
+    q = rng.choice(["What is {a} + {b}?", "Add {a} and {b}.", "Compute {a} + {b}.", "{a} + {b} = ?"])
+    return Item("addition", level, q.format(a=a, b=b), column_sum(a, b), f"{a} + {b} = {a + b}", str(a + b))
+
+
+def subtraction(rng: random.Random, level: int) -> Item:
+    """The larger number first."""
+    a, b = _operands(rng, level)
+    a, b = max(a, b), min(a, b)
+    q = rng.choice(["What is {a} - {b}?", "Subtract {b} from {a}.", "Compute {a} - {b}.", "{a} - {b} = ?"])
+    return Item("subtraction", level, q.format(a=a, b=b), column_difference(a, b), f"{a} - {b} = {a - b}", str(a - b))
 
 
 NAMES = ["Tom", "Anna", "Sam", "Maria", "Ben", "Lily", "Omar", "Zoe", "Max", "Nina"]
@@ -185,3 +192,23 @@ def equation(rng: random.Random, level: int) -> Item:
 FAMILIES: dict[str, Callable[[random.Random, int], Item]] = {
     f.__name__: f for f in (addition, subtraction, word_problem, comparison, sorting, counting, equation)
 }
+
+FOLLOW_UP = "follow_up"
+ADD_TO_THAT = ["Add {b} to that.", "Now add {b}.", "And plus {b}?", "What is that + {b}?"]
+TAKE_FROM_THAT = ["Subtract {b} from that.", "Now take away {b}.", "And minus {b}?", "What is that - {b}?"]
+
+
+def follow_up(rng: random.Random, before: Item) -> Item | None:
+    """A question that refers back to the answer before it ("Add 45 to that."): the trace first reads that
+    answer's number out of the chat (`that is 919`), then adds or subtracts in columns as the families do.
+    None where the answer before is no single number (a sorted list). Operands of `before`'s level."""
+    if "," in before.truth:
+        return None
+    a, level = int(before.truth), before.level
+    b = _number(rng, rng.randint(1, level + 1))
+    if a >= 1 and rng.random() < 0.5:
+        b = min(b, rng.randint(0, a))
+        q, trace, answer, truth = rng.choice(TAKE_FROM_THAT), column_difference(a, b), f"{a} - {b} = {a - b}", a - b
+    else:
+        q, trace, answer, truth = rng.choice(ADD_TO_THAT), column_sum(a, b), f"{a} + {b} = {a + b}", a + b
+    return Item(FOLLOW_UP, level, q.format(b=b), f"that is {a}\n" + trace, answer, str(truth))

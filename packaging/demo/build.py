@@ -85,12 +85,12 @@ def train_from_scratch(recipe: dict, config: dict, init_dir: Path, work: Path, t
     import torch
     from tokenizers import Tokenizer
 
-    from elastic_local.tasks.corpus import chat_text, items
+    from elastic_local.tasks.corpus import chat_text
     from elastic_local.train import pretrain
 
     seed, corpus = recipe["seed"], recipe["corpus"]
     log(f"corpus: {corpus['train_items']} training conversations (seed {seed})")
-    pairs = [chat_text(it) for it in items("train", corpus["train_items"], seed)]
+    pairs = [chat_text(c.item, c.earlier) for c in train_conversations(recipe, corpus["train_items"], seed)]
     tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
     examples = pretrain.encode_examples(pairs, tok)
     tc = pretrain.TrainConfig(seed=seed, **{k: (tuple(v) if isinstance(v, list) else v)
@@ -163,11 +163,23 @@ def naive(recipe: dict, out: Path) -> Path:
     return target
 
 
+def train_conversations(recipe: dict, n: int, seed: int) -> list:
+    """`n` training conversations, the recipe's share of them multi-turn (`[corpus] multi_turn`, 0 if unset)."""
+    from elastic_local.tasks.corpus import conversations
+
+    return list(conversations("train", n, seed, recipe["corpus"].get("multi_turn", 0.0)))
+
+
+def texts(recipe: dict, n: int, seed: int) -> list[str]:
+    from elastic_local.tasks.corpus import conversation_text
+
+    return [conversation_text(c) for c in train_conversations(recipe, n, seed)]
+
+
 def build(recipe: dict, out: Path, stages: str = "all") -> Path:
     import torch
 
     from elastic_local.model.config import NemotronHConfig
-    from elastic_local.tasks.corpus import chat_text, items
     from elastic_local.tasks.tokenizer import save_tokenizer, train_tokenizer
     from elastic_local.train import pretrain
 
@@ -177,10 +189,10 @@ def build(recipe: dict, out: Path, stages: str = "all") -> Path:
     tok_dir = out / "tokenizer"
     if not (tok_dir / "tokenizer.json").is_file():
         log(f"tokenizer: BPE of {corpus['vocab_size']} tokens on {corpus['tokenizer_items']} conversations")
-        texts = ["".join(chat_text(it)) for it in items("train", corpus["tokenizer_items"], seed)]
         tmp = out / "tokenizer.partial"
         shutil.rmtree(tmp, ignore_errors=True)
-        save_tokenizer(train_tokenizer(texts, corpus["vocab_size"]), tmp)
+        save_tokenizer(train_tokenizer(texts(recipe, corpus["tokenizer_items"], seed), corpus["vocab_size"]), tmp,
+                       history="all" if corpus.get("multi_turn") else "latest")
         tmp.rename(tok_dir)
 
     init_dir = out / "init"
@@ -198,8 +210,7 @@ def build(recipe: dict, out: Path, stages: str = "all") -> Path:
 
     calib = out / "calib.txt"
     if not calib.is_file():
-        texts = ["".join(chat_text(it)) for it in items("train", corpus["calib_items"], seed + 1)]
-        calib.with_suffix(".partial").write_text("\n".join(texts))
+        calib.with_suffix(".partial").write_text("\n".join(texts(recipe, corpus["calib_items"], seed + 1)))
         calib.with_suffix(".partial").rename(calib)
 
     nested = out / "nested"
@@ -217,7 +228,6 @@ def build(recipe: dict, out: Path, stages: str = "all") -> Path:
 def elastic(recipe: dict, out: Path) -> Path:
     """The final stage: the nest budgets retrained by elastic distillation from the parent
     (`elastic-local train`, its own resumable state in OUT/elastic/model.train)."""
-    from elastic_local.tasks.corpus import chat_text, items
     from elastic_local.train.cli import trained_report
     from elastic_local.train.loop import train
     from elastic_local.train.recipe import Recipe
@@ -228,8 +238,7 @@ def elastic(recipe: dict, out: Path) -> Path:
     corpus = work / "corpus.txt"
     if not corpus.is_file():
         work.mkdir(parents=True, exist_ok=True)
-        texts = ["".join(chat_text(it)) for it in items("train", n_items, recipe["seed"])]
-        corpus.with_suffix(".partial").write_text("\n".join(texts) + "\n")
+        corpus.with_suffix(".partial").write_text("\n".join(texts(recipe, n_items, recipe["seed"])) + "\n")
         corpus.with_suffix(".partial").rename(corpus)
     settings = Recipe.load(None, seed=recipe["seed"], **section)
     if not (model / "config.json").is_file():
