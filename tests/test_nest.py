@@ -290,11 +290,9 @@ def test_the_same_calibration_in_two_folders_nests_byte_identical_files(nested, 
         calib = tmp_path / where / "calib.json"
         calib.write_text(json.dumps(ids))
         outs.append(nest(root / "parent", tmp_path / where / "nested", FRACTIONS, calib=calib))
-    for name in ("config.json", "model.safetensors"):
+    # the scores' metadata too: safetensors writes several entries in an order that changes from call to call
+    for name in ("config.json", "model.safetensors", "importance.safetensors"):
         assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
     assert json.loads((outs[0] / "config.json").read_text())["elastic"]["calibration"]["source"] == "calib.json"
-    # safetensors writes a metadata dict in hash order, so the scores file compares by content
-    files = [safe_open(o / "importance.safetensors", "pt") for o in outs]
-    assert files[0].metadata() == files[1].metadata() and files[0].metadata()["source"] == "calib.json"
-    assert files[0].keys() == files[1].keys()
-    assert all(torch.equal(files[0].get_tensor(k), files[1].get_tensor(k)) for k in files[0].keys())
+    meta = json.loads(safe_open(outs[0] / "importance.safetensors", "pt").metadata()["importance"])
+    assert meta["source"] == "calib.json" and meta["tokens"] == 600

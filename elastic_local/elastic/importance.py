@@ -61,9 +61,11 @@ class Importance:
         for i, axes in self.layers.items():
             for name, t in axes.items():
                 tensors[f"layers.{i}.{name}"] = t.contiguous()
-        meta = {"tokens": str(self.tokens), "source": self.source, "depth_order": json.dumps(self.depth_order),
-                "depth_nmse": json.dumps(self.depth_nmse)}
-        save_file(tensors, path, metadata=meta)
+        # one metadata entry: safetensors writes several in hash order, which differs from run to run, so the
+        # same build's file differed byte for byte
+        meta = {"tokens": self.tokens, "source": self.source, "depth_order": self.depth_order,
+                "depth_nmse": self.depth_nmse}
+        save_file(tensors, path, metadata={"importance": json.dumps(meta, sort_keys=True)})
 
 
 def calibration_ids(calib: str | Path | None, tokenizer_dir: Path, vocab_size: int,
