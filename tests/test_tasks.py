@@ -115,22 +115,25 @@ def test_multi_turn_conversations_follow_up_on_the_answer_before_and_render_as_t
     convs = list(conversations("train", 3000, seed=4, multi_turn=0.3))
     assert convs == list(conversations("train", 3000, seed=4, multi_turn=0.3))
     earlier = [c for c in convs if c.earlier]
-    ups = [c for c in earlier if c.item.family == FOLLOW_UP]
     assert 0.27 < len(earlier) / len(convs) < 0.33 and {len(c.earlier) for c in earlier} == {1, 2}
-    assert 0.35 < len(ups) / len(earlier) < 0.5  # half, less those after a sorted list (no number to follow up)
+    chains = [(*c.earlier, c.item) for c in earlier]
+    ups = [(before, it) for chain in chains for before, it in zip(chain, chain[1:]) if it.family == FOLLOW_UP]
+    assert 0.35 < len(ups) / sum(len(chain) - 1 for chain in chains) < 0.5  # half, less those after a sorted list
+    # a chat's history holds follow-ups, and plain questions come after them
+    assert any(it.family == FOLLOW_UP for c in earlier for it in c.earlier)
+    assert any(c.earlier[-1].family == FOLLOW_UP and c.item.family != FOLLOW_UP for c in earlier)
     template = ChatTemplate(CHAT_TEMPLATES["all"])
     for c in earlier[:200]:
         prompt, completion = chat_text(c.item, c.earlier)
         assert template.render(prompt_messages(c.item, c.earlier)) == prompt
         assert conversation_text(c) == prompt + completion and completion.endswith(f"{c.item.answer}<|im_end|>")
-    for c in ups:
-        before = int(c.earlier[-1].truth)  # never a list
-        b = ints(c.item.question)[0]
-        plus = "add" in c.item.question.lower() or "+" in c.item.question or "plus" in c.item.question
-        assert c.item.truth == str(before + b if plus else before - b) and int(c.item.truth) >= 0
-        assert c.item.trace.startswith(f"that is {before}\n") and check(c.item, c.item.answer)
-        digits = c.item.trace.strip().splitlines()[-1].removeprefix("digits from the right: ").split()
-        assert ("".join(reversed(digits)).lstrip("0") or "0") == c.item.truth
+    for before, up in ups:
+        a, b = int(before.truth), ints(up.question)[0]  # the answer before is never a list
+        plus = "add" in up.question.lower() or "+" in up.question or "plus" in up.question
+        assert up.truth == str(a + b if plus else a - b) and int(up.truth) >= 0
+        assert up.trace.startswith(f"that is {a}\n") and check(up, up.answer)
+        digits = up.trace.strip().splitlines()[-1].removeprefix("digits from the right: ").split()
+        assert ("".join(reversed(digits)).lstrip("0") or "0") == up.truth
 
 
 def test_the_latest_question_template_drops_earlier_turns_and_the_all_template_keeps_them():

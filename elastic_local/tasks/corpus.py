@@ -5,9 +5,9 @@ in a fixed tenth, whatever the seed or the counts. The held-out split also has l
 never sees. Everything is a pure function of (split, seed, count), so a recipe rebuilds the same corpus.
 
 A share of the conversations can have turns before the one the model learns (`conversations`): one or two
-earlier questions answered as a chat keeps them (the answer alone), then a new question or a follow-up on
-the last answer ("Add 45 to that."), so that a model trained on it answers the latest question of a chat
-with its history in view.
+earlier turns answered as a chat keeps them (the answer alone), each turn a new question or a follow-up on
+the answer before it ("Add 45 to that."), so that a model trained on it answers the latest question of a
+chat with its history in view.
 """
 
 from __future__ import annotations
@@ -60,19 +60,19 @@ class Conversation:
 
 def conversations(split: str, n: int, seed: int, multi_turn: float = 0.0) -> Iterator[Conversation]:
     """`n` conversations of `split`: items() one per conversation, and where `multi_turn` > 0 that share of
-    them after one or two earlier turns (items of the same stream), half of those a follow-up on the last
-    earlier answer. multi_turn 0 gives exactly items()'s conversations, the single-turn corpus."""
+    them after one or two earlier turns. Every turn after the first is, as often as not, a follow-up on the
+    answer before it (where that is one number), else the stream's next item; so a chat's history holds
+    follow-ups too (a model that only ever saw plain questions before the last turn answered every question
+    after a follow-up as if it were one: 0 of 30). multi_turn 0 gives exactly items()'s conversations."""
     stream = items(split, n * 3 if multi_turn else n, seed)
     turns = random.Random(f"{split}:{seed}:turns")
     for _ in range(n):
-        if not multi_turn or turns.random() >= multi_turn:
-            yield Conversation((), next(stream))
-            continue
-        earlier = tuple(next(stream) for _ in range(turns.randint(1, 2)))
-        if turns.random() < 0.5 and (question := follow_up(turns, earlier[-1])) is not None:
-            yield Conversation(earlier, question)
-        else:
-            yield Conversation(earlier, next(stream))
+        chat = [next(stream)]
+        if multi_turn and turns.random() < multi_turn:
+            for _ in range(turns.randint(1, 2)):
+                up = follow_up(turns, chat[-1]) if turns.random() < 0.5 else None
+                chat.append(up or next(stream))
+        yield Conversation(tuple(chat[:-1]), chat[-1])
 
 
 def prompt_messages(item: Item, earlier: Sequence[Item] = ()) -> list[dict]:

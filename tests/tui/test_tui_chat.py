@@ -164,8 +164,26 @@ async def test_a_message_past_the_context_is_an_error_that_keeps_the_text_and_sa
         await wait_until(pilot, lambda: session(pilot).turn and session(pilot).turn.reply.status == "done")
 
 
-async def test_a_follow_up_says_once_that_the_demo_sees_the_latest_message_only(model, monkeypatch):
-    app = make_app(model)
+@pytest.fixture(scope="module")
+def latest_only(tmp_path_factory):
+    """The demo's weights behind a chat template that renders a chat's latest question only (the one a
+    model trained on single-turn conversations ships: tasks/tokenizer.py)."""
+    import json
+    import shutil
+
+    import elastic_local
+    from elastic_local.paths import DEMO_MODEL
+    from elastic_local.tasks.tokenizer import CHAT_TEMPLATES
+
+    where = tmp_path_factory.mktemp("latest") / "demo"
+    shutil.copytree(DEMO_MODEL, where)
+    config = json.loads((where / "tokenizer_config.json").read_text())
+    (where / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": CHAT_TEMPLATES["latest"]}))
+    return elastic_local.load(where)
+
+
+async def test_a_follow_up_says_once_that_a_model_sees_the_latest_message_only(latest_only, monkeypatch):
+    app = make_app(latest_only)
     notes, notify = [], app.notify
     monkeypatch.setattr(app, "notify", lambda message, **kw: (notes.append(message), notify(message, **kw)))
     async with app.run_test(size=(80, 24)) as pilot:
