@@ -27,6 +27,8 @@ Cached under benchmarks/_work/quant/. Then:
              bf16 panels: 2 bytes a weight where `gen`'s float32 file reads 4). `--fp8-rows` adds the FP8
              model with its codes put back into [out, in] rows (`fp8_as_rows`; everything else as loaded)
              beside the column panels a CPU load keeps them in (quant/fp8.py FP8Panels), and their ratio.
+             `--nvfp4-a4` adds the NVFP4 model with its inputs rounded to NVFP4 too (`nvfp4-a4`:
+             `load(..., activations="nvfp4")`, W4A4 as Blackwell computes it; on the CPU integer products).
   d. rss     on bench_nesting.py's ~107M-parameter nested checkpoint (built if missing) and its FP8 / NVFP4
              quantizations: memory of loading one budget (--rss-budget, default full) with dtype=bfloat16 from
              the BF16 file as BF16, with load-time FP8 / NVFP4 quantization (`load(bf16_dir, precision=...)`),
@@ -422,6 +424,8 @@ def main() -> None:
     p.add_argument("--fp8-rows", action="store_true",
                    help="decode the FP8 model with its codes put back into [out, in] rows too (fp8_as_rows), "
                         "beside the column panels a CPU load keeps them in")
+    p.add_argument("--nvfp4-a4", action="store_true",
+                   help="decode the NVFP4 model with its inputs rounded to NVFP4 too (activations='nvfp4', W4A4)")
     p.add_argument("--decode-model", default="tiny", choices=("tiny", "gen", "gen16"),
                    help="decode part on the 17M model's stored files, or on bench_generate.py's 136M nested "
                         "model (53M active) quantized while loading")
@@ -499,6 +503,9 @@ def main() -> None:
             loaded = dict(models) if dtype == "float32" and args.decode_model == "tiny" else {
                 prec: elastic_local.load(d, dtype=getattr(torch, dtype), precision=q)
                 for prec, (d, q) in sources.items()}
+            if args.nvfp4_a4:  # the same NVFP4 weights, their inputs rounded to NVFP4 too
+                loaded["nvfp4-a4"] = elastic_local.load(sources["nvfp4"][0], dtype=getattr(torch, dtype),
+                                                        precision=sources["nvfp4"][1], activations="nvfp4")
             if args.fp8_rows:  # the same FP8 weights as [out, in] rows, everything else as the load keeps it
                 loaded["fp8-rows"] = fp8_as_rows(elastic_local.load(sources["fp8"][0], dtype=getattr(torch, dtype),
                                                                     precision=sources["fp8"][1]))

@@ -87,6 +87,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--precision", choices=("auto", "bf16", "fp8", "nvfp4"),
                    help="weights: auto = the fit planner's pick; fp8/nvfp4 from a BF16 file quantize while "
                         "loading (default: auto on a GPU, else as stored)")
+    g.add_argument("--activations", choices=("float", "nvfp4"), default="float",
+                   help="nvfp4: NVFP4 weights round their inputs to NVFP4 too (W4A4, as Blackwell computes "
+                        "them); on a CPU integer products, faster than the exact float ones (default: float)")
     g.add_argument("--budget", metavar="NAME",
                    help="resident budget, or auto = the largest the fit planner fits on this machine "
                         "(default: auto on a GPU, else the largest)")
@@ -154,7 +157,7 @@ def load_from_args(args: argparse.Namespace, path: str | None = None,
     return load(args.dir if path is None else path, budget=args.budget or ("auto" if gpu else None),
                 precision=args.precision or ("auto" if gpu else None), device=device,
                 dtype=None if args.dtype == "auto" else getattr(torch, args.dtype), progress=progress,
-                compile=args.compile, cuda_graphs=args.cuda_graphs)
+                compile=args.compile, cuda_graphs=args.cuda_graphs, activations=args.activations)
 
 
 def cmd_info(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from tiny import make_checkpoint, write_tokenizer
+from tiny import ALIGNED, make_checkpoint, write_tokenizer
 
 from elastic_local.cli import add_model_options, build_parser, load_from_args, main
 from elastic_local.quant import FP8Weight
@@ -80,6 +80,9 @@ def test_model_options_reach_the_loader(tmp_path):
     assert any(isinstance(layer.mixer.in_proj, FP8Weight) for layer in m.net.layers if layer.kind == "M")
     plain = load_from_args(_args(str(tmp_path)))  # defaults on a CPU: float32, as stored, the largest budget
     assert plain.net.embed.dtype == torch.float32 and plain.budgets == ["full"]
+    make_checkpoint(tmp_path / "aligned", seed=3, **ALIGNED)  # NVFP4 cuts inputs in blocks of 16
+    w4a4 = load_from_args(_args(str(tmp_path / "aligned"), "--precision", "nvfp4", "--activations", "nvfp4"))
+    assert all(layer.mixer.in_proj.quantize_inputs for layer in w4a4.net.layers if layer.kind == "M")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a CPU-only machine gives")

@@ -599,3 +599,77 @@ def test_loading_builds_the_kernels_in_the_background(monkeypatch, tmp_path):
     assert said[-1] == "building the CPU kernels (once per install)"
     assert isinstance(m.net.lm_head, Panels)
     assert gemv.prebuild() is None  # loaded: nothing left to build
+
+
+# ---------------------------------------------------------------------------------------------- W4A4
+
+
+def w4a4_inputs(rows: int, k: int, seed: int = 0) -> torch.Tensor:
+    """Inputs whose blocks span what NVFP4's rounding meets: a zero block, values small enough for a
+    subnormal e4m3 block scale, huge ones, one row of ties (exact multiples of half the grid's unit)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g) * torch.logspace(-3, 3, rows)[:, None]
+    x[0, :16] = 0
+    if k > 32:
+        x[-1, 16:32] *= 1e-6  # the row's own scale makes this block's scale subnormal in e4m3
+    if rows > 2:
+        x[1] = torch.randint(-12, 13, (k,), generator=g) * 0.25  # midpoints of the e2m1 grid, at unit 1
+    return x
+
+
+@pytest.mark.parametrize("k", [16, 48, 64, 112, 256, 272, 784])
+def test_w4a4_rounds_inputs_as_modelopt_s_dynamic_nvfp4_and_to_the_nearest_grid_value(k):
+    from elastic_local.quant.nvfp4 import E2M1_VALUES, round_to_nvfp4
+
+    x = w4a4_inputs(5, k, seed=k)
+    for input_scale in (None, torch.tensor(x.abs().max().item() / 2688)):
+        ref = round_to_nvfp4(x, input_scale)  # quantize_blocks, modelopt's op for op
+        assert torch.equal(gemv.nvfp4_round(x, 0.0 if input_scale is None else input_scale.item()), ref)
+        # independently of the codes: each block's unit is its amax / 6 in e4m3 (torch's cast) under the row's
+        # scale, and every value is the grid value nearest x at that unit
+        s2 = (x.abs().amax(-1, keepdim=True) / 2688).clamp_min(torch.finfo(torch.float32).tiny) \
+            if input_scale is None else input_scale
+        blocks = x.unflatten(-1, (-1, 16))
+        scale = (blocks.abs().amax(-1) / (6 * s2)).clamp(2**-9, 448).to(torch.float8_e4m3fn).float()
+        unit = torch.where(blocks.abs().amax(-1) == 0, 1.0, scale) * s2
+        levels = torch.tensor(E2M1_VALUES)[None, None, None, :] * unit[..., None, None]
+        nearest = (blocks[..., None] - levels).abs().min(-1).values
+        assert torch.all((blocks - ref.unflatten(-1, (-1, 16))).abs() <= nearest + 1e-6 * unit[..., None])
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, gemv.MAX_PACKED_ROWS])
+@pytest.mark.parametrize("shape", [(96, 256), (37, 48), (300, 80), (61, 272), (8, 784)])
+def test_w4a4_products_equal_the_matmul_of_the_rounded_inputs(shape, rows, threads):
+    """One row takes gemv.c's integer products (four weight rows at a time, a last 1-3, tail blocks past a
+    multiple of 64); more rows the weight-only kernels on the rounded inputs: both the same sums."""
+    from elastic_local.quant.nvfp4 import round_to_nvfp4
+
+    w = weight(shape, seed=3)
+    x = w4a4_inputs(rows, shape[1], seed=rows) if rows > 1 else torch.randn(1, shape[1])
+    for input_scale in (None, torch.tensor(2.0 / 2688)):
+        q = quantize_nvfp4(w)
+        q.input_scale, q.quantize_inputs = input_scale, True
+        ref = round_to_nvfp4(x, input_scale).double() @ q.dequantize(torch.float64).T
+        got = q.linear(x)
+        assert torch.allclose(got.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+        # a budget's prefix view (rows ldw bytes apart, K cut) and the dequantizing path past the kernels
+        view = q.block(0, shape[0] // 2 + 1, 16 * (shape[1] // 32 or 1))
+        xv = x[:, : view.shape[1]].contiguous()
+        ref = round_to_nvfp4(xv, input_scale).double() @ view.dequantize(torch.float64).T
+        assert torch.allclose(view.linear(xv).double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    long = torch.randn(gemv.MAX_PACKED_ROWS + 1, shape[1])
+    assert q.kernel_name("cpu", rows=len(long)) == "dequant_matmul"
+    ref = round_to_nvfp4(long, q.input_scale) @ q.dequantize(torch.float32).T
+    torch.testing.assert_close(q.linear(long), ref, rtol=1e-5, atol=1e-4)
+
+
+def test_w4a4_rows_are_rounded_each_on_its_own_scale():
+    """Without a calibrated input_scale a row's numbers never depend on the rows beside it (a batch's)."""
+    q = quantize_nvfp4(weight((40, 64), seed=4))
+    q.quantize_inputs = True
+    x = torch.randn(3, 64)
+    before = q.linear(x)
+    alone = q.linear(x[:1])  # one row: the integer products, the same sums in another order
+    x[1:] *= 1000  # other rows far larger
+    assert torch.equal(q.linear(x)[0], before[0])
+    torch.testing.assert_close(alone[0], before[0], rtol=1e-5, atol=1e-6)

@@ -245,10 +245,12 @@ def test_experts_in_mixed_formats_keep_the_eager_step_with_a_warning(nested, cap
     assert "expert 1 is a Tensor unlike expert 0's FP8Panels" in caplog.text and "runs eagerly" in caplog.text
 
 
-@pytest.mark.parametrize("precision", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("precision", ["fp8", "nvfp4", "nvfp4-a4"])
 @pytest.mark.parametrize("rows", [1, 3])
 def test_gathered_packed_experts_equal_the_per_expert_ones_on_every_budget(nested, rows, precision):
-    m = elastic_local.load(nested, dtype=torch.float32, precision=precision)
+    """nvfp4-a4: the gathered experts round their inputs as each expert's own product does (W4A4)."""
+    m = elastic_local.load(nested, dtype=torch.float32, precision=precision.removesuffix("-a4"),
+                           activations="nvfp4" if precision.endswith("-a4") else "float")
     m.net.capture_decode(record=Recorder())
     for name in m.budgets:
         b = m.budget(name)

@@ -57,14 +57,16 @@ def test_decode_steps_give_transformers_full_forward_logits(tmp_path, name):
     assert (built is None) == (m.config.n_group > 1)
 
 
-@pytest.mark.parametrize("precision", [None, "fp8", "nvfp4"])
+@pytest.mark.parametrize("precision", [None, "fp8", "nvfp4", "nvfp4-a4"])
 def test_every_budget_decodes_like_the_torch_path_across_cache_growth(nested_tails, precision, threads, monkeypatch):
-    """70 steps: the KV cache regrows past its first capacity (64) inside the C step."""
+    """70 steps: the KV cache regrows past its first capacity (64) inside the C step. nvfp4-a4: NVFP4 with
+    its inputs rounded too (W4A4), the C step's integer products against torch's path on gemv.c's."""
     from dataclasses import replace
 
     from elastic_local.model.budget import Budget
 
-    m = elastic_local.load(nested_tails, precision=precision)
+    m = elastic_local.load(nested_tails, precision="nvfp4" if precision == "nvfp4-a4" else precision,
+                           activations="nvfp4" if precision == "nvfp4-a4" else "float")
     prompt = torch.randint(0, 96, (9,), generator=torch.Generator().manual_seed(5))
     half = m.budget("half")  # and half with half the Mamba heads: in_proj's four parts apart
     heads = Budget("heads", half.hidden, tuple(replace(s, mamba_heads=s.mamba_heads // 2) for s in half.layers))
@@ -511,3 +513,34 @@ def test_greedy_takes_the_first_largest_logit_and_a_nan_as_numpy_does(tmp_path):
                 net.forward(ids[:, :3], cache=c)
             assert sample(net.decode_token(5, caches[0]), Sampling()) == expect[:1]
             assert net.decode_ahead(5, caches[1], len(expect), ()) == expect
+
+
+def test_w4a4_decodes_what_torch_gives_on_inputs_rounded_to_nvfp4(nested_tails, monkeypatch):
+    """activations='nvfp4': the C step's integer products against torch's own path with the kernels off
+    (each input row rounded by quant/nvfp4.py round_to_nvfp4, the weights dequantized), and unlike the
+    exact NVFP4 model's logits."""
+    from elastic_local.engine.load import LAYOUT_ENV
+
+    m = elastic_local.load(nested_tails, precision="nvfp4", activations="nvfp4")
+    exact = elastic_local.load(nested_tails, precision="nvfp4")
+    monkeypatch.setenv(LAYOUT_ENV, "rows")
+    reference = elastic_local.load(nested_tails, precision="nvfp4", activations="nvfp4")
+    prompt = torch.randint(0, 96, (7,), generator=torch.Generator().manual_seed(3))
+    kernels = gemv.library()
+    for name in m.budgets:
+        got_logits, got = greedy(m.net, m.budget(name), prompt, 8)
+        assert isinstance(m.net.c_steps[m.budget(name)], step.DecodeStep)
+        exact_logits, _ = greedy(exact.net, exact.budget(name), prompt, 8)
+        monkeypatch.setattr(gemv, "_library", None)  # torch's path throughout
+        want_logits, want = greedy(reference.net, reference.budget(name), prompt, 8)
+        monkeypatch.setattr(gemv, "_library", kernels)
+        assert torch.equal(got, want), name
+        torch.testing.assert_close(got_logits, want_logits, atol=1e-4, rtol=1e-4)
+        assert (got_logits - exact_logits).abs().max() > 1e-3, "the inputs were not rounded"
+
+
+def test_w4a4_needs_nvfp4_weights_and_names_the_option(nested_tails):
+    with pytest.raises(ValueError, match="--precision nvfp4"):
+        elastic_local.load(nested_tails, activations="nvfp4")
+    with pytest.raises(ValueError, match="'float' or 'nvfp4'"):
+        elastic_local.load(nested_tails, precision="nvfp4", activations="fp8")

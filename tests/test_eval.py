@@ -12,7 +12,7 @@ from elastic_local.tasks.families import FOLLOW_UP
 
 def test_eval_on_a_few_items_writes_table_json_and_plot(tmp_path, capsys):
     out, png = tmp_path / "eval.json", tmp_path / "frontier.png"
-    assert main(["eval", "--items", "1", "--levels", "1", "--precisions", "fp8", "--json", str(out),
+    assert main(["eval", "--items", "1", "--levels", "1", "--precisions", "fp8,nvfp4-a4", "--json", str(out),
                  "--plot", str(png)]) == 0
     text = capsys.readouterr().out
     for heading in ("accuracy per budget and level", "accuracy per budget and family", "budget control",
@@ -28,7 +28,7 @@ def test_eval_on_a_few_items_writes_table_json_and_plot(tmp_path, capsys):
     pairs = {(c["think"], c["answer"]) for c in report["control"]}
     assert pairs == {("small", "small"), ("small", "full"), ("mid", "full"), ("full", "small"), ("full", "full")}
     quantized = {(p["budget"], p["precision"]) for p in report["precision"]}
-    assert quantized == {(b, "fp8") for b in ("full", "mid", "small")}
+    assert quantized == {(b, p) for b in ("full", "mid", "small") for p in ("fp8", "nvfp4-a4")}
     for s in report["scores"]:
         assert s["n"] == 7 and 0 <= s["accuracy"] <= 1 and s["seconds_per_item"] > 0
         assert set(s["by_level"]) == {"1"}

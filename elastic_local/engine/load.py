@@ -11,9 +11,11 @@ from ..checkpoint.load import load_network
 from ..elastic.table import read_budgets
 from ..model import gemv, pages
 from ..model.config import NemotronHConfig
+from ..model.nemotron_h import NemotronH
 from ..model.schema import stored_budget
 from ..paths import default_model
 from ..progress import Progress
+from ..quant.nvfp4 import NVFP4Weight
 from .chat import ChatTemplate
 from .elastic_model import ElasticModel
 from .tokenizer import Tokenizer
@@ -33,7 +35,8 @@ def cpu_layout() -> str:
 
 def load(path: str | Path | None = None, budget: str | None = None, precision: str | None = None,
          device: str = "cpu", dtype: torch.dtype | None = None, progress: Progress | None = None,
-         keep: tuple[str, ...] = (), compile: bool = False, cuda_graphs: bool | None = None) -> ElasticModel:
+         keep: tuple[str, ...] = (), compile: bool = False, cuda_graphs: bool | None = None,
+         activations: str = "float") -> ElasticModel:
     """Load a Nemotron-H (or nested elastic) checkpoint directory; without a path, the embedded demo model.
     `budget` makes only that budget resident and reads only its slices from disk; every budget up to it
     then runs as views. "auto" for
@@ -49,7 +52,12 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     `cuda_graphs` (CUDA only): one-token decode steps replay from a CUDA graph per budget and cache
     (`NemotronH.capture_decode`); taken before `compile` where both are set. None (the default): graphs on
     CUDA unless `compile` is set (a decode step there is hundreds of launches; replayed, one: 8-18x on an
-    H200, docs/decode-speed.md), none elsewhere."""
+    H200, docs/decode-speed.md), none elsewhere.
+    `activations`: "float" (the default) multiplies NVFP4 weights by the inputs as they are (W4A16: exact);
+    "nvfp4" rounds each input row to NVFP4 first (W4A4), as Blackwell's NVFP4 kernel does, on every path:
+    on a CPU the products are then small integers, faster than the exact ones (README, issue #15)."""
+    if activations not in ("float", "nvfp4"):
+        raise ValueError(f"activations must be 'float' or 'nvfp4', got {activations!r}")
     if cuda_graphs and torch.device(device).type != "cuda":  # before any weight is read
         raise ValueError(f"CUDA graphs record GPU kernels; the device is {device}: load on a CUDA device "
                          "(--device cuda), or leave CUDA graphs off")
@@ -87,6 +95,8 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     net = load_network(path, resident=resident, stored=stored_budget(cfg), dtype=dtype, device=device,
                        progress=progress, precision=precision, keep=keep,
                        linear_dtype=torch.bfloat16 if panels else None)
+    if activations == "nvfp4":
+        round_nvfp4_inputs(net, path)
     # an arena (huge pages) for a CPU load only: a GPU load's weights are not walked
     cpu_bytes = sum(t.nbytes for t in net.tensors()) if net.device.type == "cpu" else 0
     with pages.arena(cpu_bytes) as arena:
@@ -107,3 +117,30 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
     gemv.release_threads()  # the loading thread's OpenMP workers: generation may run on another thread
     return ElasticModel(net, {k: b for k, b in budgets.items() if b.fits_in(resident)}, path, tokenizer,
                         not_resident=[k for k, b in budgets.items() if not b.fits_in(resident)])
+
+
+def round_nvfp4_inputs(net: NemotronH, path: Path) -> None:
+    """Every NVFP4 weight of `net` rounds its inputs to NVFP4 (W4A4); an error where there are none."""
+    weights = [w for w in _objects(net) if isinstance(w, NVFP4Weight)]
+    if not weights:
+        raise ValueError(f"activations='nvfp4' rounds the inputs of NVFP4 weights, and {path} loaded none: "
+                         "add --precision nvfp4")
+    for w in weights:
+        w.quantize_inputs = True
+
+
+def _objects(net: NemotronH):
+    """Every object the network's weights hold, once (a walk like NemotronH.tensors, for the weights)."""
+    seen, todo = set(), [net.layers]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, (torch.Tensor, type)):
+            continue
+        seen.add(id(obj))
+        yield obj
+        if isinstance(obj, (list, tuple)):
+            todo.extend(obj)
+        elif isinstance(obj, dict):
+            todo.extend(obj.values())
+        elif hasattr(obj, "__dict__"):
+            todo.extend(vars(obj).values())

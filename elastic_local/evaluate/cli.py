@@ -46,7 +46,8 @@ def register(sub) -> None:
     p.add_argument("--items", type=int, default=5, help="items per task family and level (default 5)")
     p.add_argument("--levels", default="1,2,3,4", help="difficulty levels, comma-separated (4 is held out)")
     p.add_argument("--precisions", default="bf16,fp8,nvfp4",
-                   help="precisions to compare, comma-separated; '' for bf16 only")
+                   help="precisions to compare, comma-separated (nvfp4-a4: NVFP4 with its inputs rounded to "
+                        "NVFP4 too, W4A4); '' for bf16 only")
     p.add_argument("--compare", metavar="DIR", help="an independently trained model of the small budget's size")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seed", type=int, default=1234, help="seed of the held-out item set")

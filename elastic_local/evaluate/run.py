@@ -123,6 +123,10 @@ def score(model: ElasticModel, its: list[Item], think: str, answer: str, precisi
     return s
 
 
+# Precisions that are a load's options beyond the weights' format: NVFP4 with its inputs rounded too (W4A4)
+LOADS = {"nvfp4-a4": {"precision": "nvfp4", "activations": "nvfp4"}}
+
+
 def evaluate(path: str | Path | None, per_cell: int = 5, levels: tuple[int, ...] = ALL_LEVELS,
              precisions: tuple[str, ...] = ("bf16", "fp8", "nvfp4"), compare: str | Path | None = None,
              batch_size: int = 32, seed: int = 1234, progress: Progress | None = None, device: str = "cpu",
@@ -131,8 +135,8 @@ def evaluate(path: str | Path | None, per_cell: int = 5, levels: tuple[int, ...]
     whole table resident on `device` (`dtype` None: the loader's default for the device)."""
     from ..engine.load import load as load_model
 
-    def load(where, precision: str | None = None) -> ElasticModel:
-        return load_model(where, precision=precision, device=device, dtype=dtype)
+    def load(where, **options) -> ElasticModel:
+        return load_model(where, device=device, dtype=dtype, **options)
 
     its = eval_items(per_cell, seed, levels)
     say = progress or (lambda _m: None)
@@ -175,7 +179,7 @@ def evaluate(path: str | Path | None, per_cell: int = 5, levels: tuple[int, ...]
     for precision in precisions:
         if precision == base or base != "bf16":  # a quantized file loads as stored only
             continue
-        qmodel = load(path, precision=precision)
+        qmodel = load(path, **LOADS.get(precision, {"precision": precision}))
         for b in names:
             q, ref = run(qmodel, b, b, precision), done[(b, b, base)]
             report["precision"].append({"budget": b, "precision": precision, "accuracy": q.accuracy,

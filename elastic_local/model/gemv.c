@@ -15,6 +15,8 @@
  *   nvfp4  e2m1 codes, two per byte (low nibble first), one e4m3 scale per 16 inputs and one float
  *          scale per tensor (Model Optimizer's NVFP4): two byte shuffles give each code's bf16 (e2m1x64)
  * Every decode is exact; products are summed in float32 (in another order than torch's matmul).
+ * NVFP4 with its inputs rounded to NVFP4 too (W4A4, section "NVFP4 inputs rounded to NVFP4 too") multiplies
+ * small integers instead: one row of x on `vpmaddubsw`, more rows rounded and run as above.
  *
  * Float32 weights on the CPU are kept in column panels (model/linear.Panels): W^T cut into panels of 24
  * outputs, each [K, 24] contiguous, panel q + 1's rows `ps` floats after panel q's. A budget's view (its
@@ -38,6 +40,7 @@
  * at run time: section "A bfloat16 prompt on bf16 dot products"), with bf16 or packed weights alike.
  */
 #include <cpuid.h>
+#include <float.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -1118,6 +1121,245 @@ void part_nvfp4(const float *xp, const uint8_t *w, const uint8_t *scales, float 
 }
 
 /* ------------------------------------------------------------------------------------------------------
+ * NVFP4 inputs rounded to NVFP4 too (W4A4: activations=nvfp4, quant/nvfp4.py), the arithmetic NVFP4 was
+ * made for: Blackwell's tensor cores quantize a product's inputs the same way. Each row of x gets e4m3
+ * scales per 16 inputs under one float scale: the file's calibrated input_scale, else the row's own
+ * amax / (6 * 448) (a row's numbers never depend on the rows beside it). Then a block's 16 products are
+ * small integers: e2m1 values doubled lie in -12..12, so one byte shuffle gives a weight byte's two
+ * doubled values and `vpmaddubsw` multiplies and pairs them with x's, exactly. `vpmaddubsw` takes one side
+ * unsigned: the weights come shifted up by 12 (0..24), and each lane's 12 * sum of x, made once per x,
+ * comes off again. A block's integer sum times its two e4m3 scales goes into float32 sums. One row of x
+ * takes these products; more rows are rounded (nvfp4_round_rows) and run on the weight-only kernels,
+ * which give the same sums in another order. */
+
+/* The e4m3 code nearest v, 2^-9 <= v <= 448, ties to the even code: torch's float -> float8_e4m3fn. Below
+   2^-6 e4m3 is subnormal, multiples of 2^-9 (codes 0-8); above, v's float32 mantissa rounded to 3 bits, its
+   exponent rebiased (a carry out of the mantissa moves the exponent up, as it should). No branch on v: a
+   binary search over the codes cost a mispredicted branch or two per block. */
+static inline uint8_t e4m3_nearest(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    const uint32_t normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) >> 20) - (120u << 3);
+    const uint32_t subnormal = (uint32_t)_mm_cvtss_si32(_mm_set_ss(v * 512.f)); /* rounds to nearest even */
+    return (uint8_t)(v < 0x1p-6f ? subnormal : normal);
+}
+
+/* v's largest element. */
+static inline float hmax(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+/* The float scale a row's blocks sit under: input_scale > 0, else amax(row) / (6 * 448) (at least FLT_MIN). */
+static float row_scale(const float *x, int64_t K, float input_scale) {
+    if (input_scale > 0) return input_scale;
+    __m256 m = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.f), _mm256_loadu_ps(x + k)));
+    const float s = hmax(m) / 2688.f;
+    return s < FLT_MIN ? FLT_MIN : s;
+}
+
+/* Eight inputs over their unit d -> their doubled e2m1 values (-12..12) as int32: the nearest magnitude's
+   index is the number of midpoints below |x / d|, ties to the even code (quant/nvfp4.py quantize_blocks). */
+static inline __m256i doubled_e2m1(__m256 x, __m256 d) {
+    const __m256 q = _mm256_div_ps(x, d), m = _mm256_andnot_ps(_mm256_set1_ps(-0.f), q);
+    __m256i index = _mm256_setzero_si256();
+    static const float above[4] = {0.25f, 1.25f, 2.5f, 5.f}, from[3] = {0.75f, 1.75f, 3.5f};
+    for (int i = 0; i < 4; i++) /* a true compare is -1 */
+        index = _mm256_sub_epi32(index, _mm256_castps_si256(_mm256_cmp_ps(m, _mm256_set1_ps(above[i]), _CMP_GT_OQ)));
+    for (int i = 0; i < 3; i++)
+        index = _mm256_sub_epi32(index, _mm256_castps_si256(_mm256_cmp_ps(m, _mm256_set1_ps(from[i]), _CMP_GE_OQ)));
+    const __m256i v = _mm256_permutevar8x32_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 6, 8, 12), index);
+    const __m256i neg = _mm256_castps_si256(_mm256_cmp_ps(q, _mm256_setzero_ps(), _CMP_LT_OQ));
+    return _mm256_sub_epi32(_mm256_xor_si256(v, neg), neg);
+}
+
+/* One block of 16 inputs -> its doubled e2m1 values and its e4m3 scale's value: modelopt's dynamic NVFP4
+   op for op (quant/nvfp4.py quantize_blocks; the same divisions, so the same codes). */
+static float round_block(const float *x, float scale_2, int8_t twice[16]) {
+    const __m256 a = _mm256_loadu_ps(x), b = _mm256_loadu_ps(x + 8), sign = _mm256_set1_ps(-0.f);
+    float s = hmax(_mm256_max_ps(_mm256_andnot_ps(sign, a), _mm256_andnot_ps(sign, b))) / (6.f * scale_2);
+    if (s == 0) s = 1.f; /* modelopt gives an all-zero block scale 1 */
+    s = s < 0x1p-9f ? 0x1p-9f : s > 448.f ? 448.f : s;
+    const float value = e4m3_values[e4m3_nearest(s)] * 256.f;
+    const __m256 d = _mm256_set1_ps(value * scale_2);
+    const __m256i lo = doubled_e2m1(a, d), hi = doubled_e2m1(b, d);
+    const __m128i w0 = _mm_packs_epi32(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1));
+    const __m128i w1 = _mm_packs_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1));
+    _mm_storeu_si128((__m128i *)twice, _mm_packs_epi16(w0, w1));
+    return value;
+}
+
+/* x [M, K] -> out [M, K]: each row rounded to NVFP4 and back, e2m1 * (e4m3 * scale_2) in float32 as
+   quant/nvfp4.py dequantizes (x itself allowed). */
+void nvfp4_round_rows(const float *x, float *out, int64_t M, int64_t K, float input_scale) {
+    for (int64_t m = 0; m < M; m++) {
+        const float *r = x + m * K;
+        const float scale_2 = row_scale(r, K, input_scale);
+        for (int64_t k = 0; k < K; k += 16) {
+            int8_t twice[16];
+            const __m256 unit = _mm256_set1_ps(round_block(r + k, scale_2, twice) * scale_2), half = _mm256_set1_ps(.5f);
+            const __m128i t = _mm_loadu_si128((const __m128i *)twice);
+            _mm256_storeu_ps(out + m * K + k, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(t)), half), unit));
+            _mm256_storeu_ps(out + m * K + k + 8,
+                             _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(t, 8))), half), unit));
+        }
+    }
+}
+
+/* 32 bytes (inputs 0..31) -> per 128-bit lane its 8 even inputs then its 8 odd ones, lanes in order
+   (0 2 .. 14 | 1 3 .. 15 | 16 .. 30 | 17 .. 31), then the 64-bit quarters as (0, 2, 1, 3): 16 even, 16 odd. */
+static inline __m256i evens_odds(__m256i v) {
+    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                           0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    return _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, split), 0xD8);
+}
+
+/* One row of x (K % 16 == 0) for rows_a4: xq its doubled values, each 64 inputs' 32 even ones then
+   32 odd ones (a weight chunk's low and high nibbles), the last K % 64 a block of 16 at a time (8 even,
+   8 odd); xs the block scales' values, per 64 inputs as the chunk's 32-bit lanes meet them (blocks 0 0 1 1
+   2 2 3 3), then one per last block; xc 12 times each lane's (then each last block's) sum of xq. Returns
+   the row's float scale. */
+float nvfp4_inputs(const float *x, int64_t K, float input_scale, int8_t *xq, float *xs, int32_t *xc) {
+    const float scale_2 = row_scale(x, K, input_scale);
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    int64_t k = 0;
+    for (; k + 64 <= K; k += 64) {
+        int8_t twice[64];
+        for (int b = 0; b < 4; b++) xs[k / 8 + 2 * b] = xs[k / 8 + 2 * b + 1] = round_block(x + k + 16 * b, scale_2, twice + 16 * b);
+        const __m256i r0 = evens_odds(_mm256_loadu_si256((const __m256i *)twice)),
+                      r1 = evens_odds(_mm256_loadu_si256((const __m256i *)(twice + 32)));
+        const __m256i even = _mm256_permute2x128_si256(r0, r1, 0x20), odd = _mm256_permute2x128_si256(r0, r1, 0x31);
+        _mm256_storeu_si256((__m256i *)(xq + k), even);
+        _mm256_storeu_si256((__m256i *)(xq + k + 32), odd);
+        /* lane i: weight bytes 4i .. 4i + 3, so xq's even and odd bytes 4i .. 4i + 3 */
+        const __m256i sums = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(ones8, even),
+                                                                _mm256_maddubs_epi16(ones8, odd)), ones16);
+        _mm256_storeu_si256((__m256i *)(xc + k / 8), _mm256_mullo_epi32(sums, _mm256_set1_epi32(12)));
+    }
+    for (int64_t b = k / 8; k < K; k += 16, b++) { /* a last block: 8 even, 8 odd */
+        int8_t twice[16];
+        xs[b] = round_block(x + k, scale_2, twice);
+        xc[b] = 0;
+        for (int j = 0; j < 8; j++) xq[k + j] = twice[2 * j], xq[k + 8 + j] = twice[2 * j + 1];
+        for (int j = 0; j < 16; j++) xc[b] += 12 * twice[j];
+    }
+    return scale_2;
+}
+
+/* 64 weights (32 bytes) times their inputs, one integer sum per 32-bit lane (two per block), scaled. */
+static inline __m256 chunk_a4(const uint8_t *w, const int8_t *xq, const int32_t *xc, __m256 scales, __m256 acc) {
+    const __m256i shifted = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                             12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    const __m256i low4 = _mm256_set1_epi8(0x0F), bytes = _mm256_loadu_si256((const __m256i *)w);
+    const __m256i even = _mm256_shuffle_epi8(shifted, _mm256_and_si256(bytes, low4));
+    const __m256i odd = _mm256_shuffle_epi8(shifted, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4));
+    const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(even, _mm256_loadu_si256((const __m256i *)xq)),
+                                           _mm256_maddubs_epi16(odd, _mm256_loadu_si256((const __m256i *)(xq + 32))));
+    const __m256i sums = _mm256_sub_epi32(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)),
+                                          _mm256_loadu_si256((const __m256i *)xc));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scales, acc);
+}
+
+/* Eight e4m3 block scales -> 16 fp16s of value / 2^8, each twice (a chunk's lanes 0 0 1 1 ...). */
+static inline __m256i scales_twice(__m128i eight) {
+    return e4m3_as_f16(_mm_shuffle_epi8(eight, _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)));
+}
+
+/* Two chunks' (128 weights') scales: the weight row's eight e4m3 scales times x's block scales. */
+static inline void scales_a4(const uint8_t *scales, const float *xs, __m256 *s0, __m256 *s1) {
+    const __m256i h = scales_twice(_mm_loadl_epi64((const __m128i *)scales));
+    *s0 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_loadu_ps(xs));
+    *s1 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), _mm256_loadu_ps(xs + 8));
+}
+
+/* The last K % 64 inputs of two weight rows (w0's in the low 128-bit lane, w1's in the high one), a block of
+   16 (8 bytes a row) at a time: a row's low nibbles' 8 values, then its high nibbles', against x's 8 even
+   and 8 odd inputs; a block's 12 * sum of x comes off each lane's first element. Per lane, four partial
+   sums of its row, scaled. */
+static inline __m256 tails_a4(const int8_t *xq, const float *xs, const int32_t *xc, const uint8_t *w0,
+                              const uint8_t *w1, const uint8_t *s0, const uint8_t *s1, int64_t k, int64_t K) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1),
+                  shifted = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                             12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = k / 8; k < K; k += 16, b++) {
+        const __m256i bytes = _mm256_set_m128i(_mm_loadl_epi64((const __m128i *)(w1 + k / 2)),
+                                               _mm_loadl_epi64((const __m128i *)(w0 + k / 2)));
+        const __m256i codes = _mm256_unpacklo_epi64(_mm256_and_si256(bytes, low4),
+                                                    _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4));
+        const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xq + k)));
+        const __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_shuffle_epi8(shifted, codes), x), ones);
+        const __m256 scale = _mm256_set_m128(_mm_set1_ps(e4m3_values[s1[k / 16]] * xs[b]),
+                                             _mm_set1_ps(e4m3_values[s0[k / 16]] * xs[b]));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sum, _mm256_setr_epi32(xc[b], 0, 0, 0, xc[b], 0, 0, 0))),
+                              scale, acc);
+    }
+    return acc;
+}
+
+/* R (1-4) weight rows, ldw bytes apart (their scales lds), times one row of x: out[r] = sum_k (2 w_k)(2 x_k)
+   * (weight block scale / 2^8) * (x block scale), 64 times the product before the two float scales. The
+   rows share x's loads, and four rows' sums leave the registers together: on the demo's 256 x 256 weights
+   a row at a time ran 12.4 G weights/s, four 14-17 (scratch, one thread). */
+static inline void rows_a4(int R, const int8_t *xq, const float *xs, const int32_t *xc, const uint8_t *w,
+                           const uint8_t *scales, int64_t ldw, int64_t lds, int64_t K, float *out) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const int64_t K64 = K / 64 * 64;
+    int64_t k = 0;
+    for (; k + 128 <= K; k += 128)
+        for (int r = 0; r < R; r++) {
+            __m256 s0, s1;
+            scales_a4(scales + r * lds + k / 16, xs + k / 8, &s0, &s1);
+            acc[r] = chunk_a4(w + r * ldw + k / 2, xq + k, xc + k / 8, s0, acc[r]);
+            acc[r] = chunk_a4(w + r * ldw + k / 2 + 32, xq + k + 64, xc + k / 8 + 8, s1, acc[r]);
+        }
+    if (k < K64) {
+        for (int r = 0; r < R; r++) {
+            uint32_t four;
+            memcpy(&four, scales + r * lds + k / 16, 4);
+            const __m256i h = scales_twice(_mm_cvtsi32_si128((int)four));
+            const __m256 s = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_loadu_ps(xs + k / 8));
+            acc[r] = chunk_a4(w + r * ldw + k / 2, xq + k, xc + k / 8, s, acc[r]);
+        }
+        k += 64;
+    }
+    for (int r = 0; k < K && r < R; r += 2) { /* the last K % 64: rows in pairs (the last one with itself) */
+        const int64_t r1 = r + 1 < R ? r + 1 : r;
+        const __m256 t = tails_a4(xq, xs, xc, w + r * ldw, w + r1 * ldw, scales + r * lds, scales + r1 * lds, k, K);
+        acc[r] = _mm256_add_ps(acc[r], _mm256_zextps128_ps256(_mm256_castps256_ps128(t)));
+        if (r1 != r) acc[r1] = _mm256_add_ps(acc[r1], _mm256_zextps128_ps256(_mm256_extractf128_ps(t, 1)));
+    }
+    if (R == 4) { /* the four sums at once */
+        const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+        _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+    } else {
+        for (int r = 0; r < R; r++) out[r] = hsum(acc[r]);
+    }
+}
+
+/* y[n0:n1] = x W[n0:n1]^T for one row of x given as nvfp4_inputs left it; `scale` the two float scales'
+   product. */
+void part_nvfp4_a4(const int8_t *xq, const float *xs, const int32_t *xc, const uint8_t *w, const uint8_t *scales,
+                   float *y, int64_t K, int64_t ldw, int64_t lds, float scale, int64_t n0, int64_t n1) {
+    scale *= 64.f; /* (2 w)(2 x) and the weight scales' 2^-8 */
+    for (int64_t n = n0; n < n1; n += 4) {
+        const int R = n1 - n < 4 ? (int)(n1 - n) : 4;
+        for (int r = 0; r < R; r++)
+            if (n + r + AHEAD < n1) prefetch(w + (n + r + AHEAD) * ldw, K / 2), prefetch(scales + (n + r + AHEAD) * lds, K / 16);
+        float out[4];
+        switch (R) {
+        case 4: rows_a4(4, xq, xs, xc, w + n * ldw, scales + n * lds, ldw, lds, K, out); break;
+        case 3: rows_a4(3, xq, xs, xc, w + n * ldw, scales + n * lds, ldw, lds, K, out); break;
+        case 2: rows_a4(2, xq, xs, xc, w + n * ldw, scales + n * lds, ldw, lds, K, out); break;
+        default: rows_a4(1, xq, xs, xc, w + n * ldw, scales + n * lds, ldw, lds, K, out);
+        }
+        for (int r = 0; r < R; r++) y[n + r] = out[r] * scale;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------------
  * Entry points (model/gemv.py): one parallel region each, for weights large enough to be worth waking
  * the other threads. */
 
@@ -1182,6 +1424,28 @@ int gemv_nvfp4(const float *x, const uint8_t *w, const uint8_t *scales, float *y
         part_nvfp4(xp, w, scales, y, M, N, K, ldw, lds, scale, n0, n1);
     }
     free(xp);
+    return 0;
+}
+
+/* gemv_nvfp4 with x's rows rounded to NVFP4 first (W4A4, above): one row on the integer products, more
+   rounded and run on the weight-only kernels. input_scale 0: each row's own. */
+int gemv_nvfp4_a4(const float *x, const uint8_t *w, const uint8_t *scales, float *y, int64_t M, int64_t N,
+                  int64_t K, int64_t ldw, int64_t lds, float scale, float input_scale, int threads) {
+    if (M > 1) {
+        float *xr = malloc(M * K * sizeof(float));
+        if (!xr) return -1;
+        nvfp4_round_rows(x, xr, M, K, input_scale);
+        const int rc = gemv_nvfp4(xr, w, scales, y, M, N, K, ldw, lds, scale, threads);
+        free(xr);
+        return rc;
+    }
+    int8_t *xq = malloc(K + (K / 8) * (sizeof(float) + sizeof(int32_t)));
+    if (!xq) return -1;
+    float *xs = (float *)(xq + K);
+    int32_t *xc = (int32_t *)(xs + K / 8);
+    const float s = scale * nvfp4_inputs(x, K, input_scale, xq, xs, xc);
+    SHARED(part_nvfp4_a4(xq, xs, xc, w, scales, y, K, ldw, lds, s, n0, n1));
+    free(xq);
     return 0;
 }
 

@@ -66,6 +66,8 @@ _SIGNATURES = {
     "gemv_bf16": [_P, _P, _P, _I, _I, _I, _I, _C],
     "gemv_fp8": [_P, _P, _P, _I, _I, _I, _I, _F, _C],
     "gemv_nvfp4": [_P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _C],
+    "gemv_nvfp4_a4": [_P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _F, _C],
+    "nvfp4_round_rows": [_P, _P, _I, _I, _F],
     "decode_token": [_P, _I, _I, _P, _C],
     "decode_ahead": [_P, _I, _I, _I, _P, _I, _P, _P, _P, _P, _P, _C],
     "decode_rows": [_P, _I, _P, _P, _P, _P, _I, _P, _I, _P, _C],
@@ -381,6 +383,21 @@ def nvfp4(x: Tensor, codes: Tensor, block_scales: Tensor, scale: float) -> Tenso
         return y
     return _call(_library.gemv_nvfp4, x, codes.shape[0], (codes.data_ptr(), block_scales.data_ptr()),
                  (codes.stride(0), block_scales.stride(0), scale))
+
+
+def nvfp4_a4(x: Tensor, codes: Tensor, block_scales: Tensor, scale: float, input_scale: float) -> Tensor:
+    """nvfp4() with x's rows rounded to NVFP4 first (W4A4: gemv.c's integer products for one row); input_scale
+    0: each row's own amax / (6 * 448)."""
+    return _call(_library.gemv_nvfp4_a4, x, codes.shape[0], (codes.data_ptr(), block_scales.data_ptr()),
+                 (codes.stride(0), block_scales.stride(0), scale, input_scale))
+
+
+def nvfp4_round(x: Tensor, input_scale: float) -> Tensor:
+    """x [.., K] (float32, K % 16 == 0) with each row rounded to NVFP4 and back (gemv.c nvfp4_round_rows)."""
+    xs = x.contiguous()
+    out = torch.empty_like(xs)
+    _library.nvfp4_round_rows(xs.data_ptr(), out.data_ptr(), xs.numel() // x.shape[-1], x.shape[-1], input_scale)
+    return out
 
 
 def _packed_bf16(fmt: int, x: Tensor, codes: Tensor, block_scales: Tensor | None, scale: float) -> Tensor | None:

@@ -260,6 +260,10 @@ class ExpertStack(list):
         super().__init__(dataclasses.replace(w, **{n: self.stacked[n][e] for n in names})
                          for e, w in enumerate(experts))
 
+    def round_inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """x as the experts' products take it (rounded to NVFP4 where they round their inputs: W4A4)."""
+        return self[0].round_inputs(x)
+
     def dequantize(self, pick: torch.Tensor, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
         """[len(pick), rows, cols] in `dtype`: block (rows, cols) of the experts `pick` (a device tensor),
         the values each expert's own `dequantize` gives."""

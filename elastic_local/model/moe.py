@@ -142,11 +142,12 @@ def _experts_gathered(flat: torch.Tensor, w: MoEWeights, experts: int, channels:
     (n, d), k = flat.shape, ids.shape[1]
     if isinstance(w.up, ExpertStack):
         out = torch.zeros(n, d, dtype=torch.float32, device=flat.device)
+        x = w.up.round_inputs(flat)
         for j in range(k):
             up = w.up.dequantize(ids[:, j], channels, d, flat.dtype)  # [N, I, d]
             down = w.down.dequantize(ids[:, j], d, channels, flat.dtype)
-            h = F.relu(torch.bmm(up, flat[:, :, None])).square()
-            out += torch.bmm(down, h)[..., 0].float() * weights[:, j, None]
+            h = w.down.round_inputs(F.relu(torch.bmm(up, x[:, :, None])).square()[..., 0])
+            out += torch.bmm(down, h[:, :, None])[..., 0].float() * weights[:, j, None]
         return out
     pick = ids.reshape(-1)
     up, down = _gather(w.up, experts, channels, d, pick), _gather(w.down, experts, d, channels, pick)

@@ -44,6 +44,10 @@ extern const int64_t gemm_p_scratch; /* floats of gemm_p_part's c */
 #define LINE(n) (((n) + 15) / 16 * 16)
 void part_nvfp4(const float *, const uint8_t *, const uint8_t *, float *, int64_t, int64_t, int64_t, int64_t,
                 int64_t, float, int64_t, int64_t);
+void nvfp4_round_rows(const float *x, float *out, int64_t M, int64_t K, float input_scale);
+float nvfp4_inputs(const float *x, int64_t K, float input_scale, int8_t *xq, float *xs, int32_t *xc);
+void part_nvfp4_a4(const int8_t *xq, const float *xs, const int32_t *xc, const uint8_t *w, const uint8_t *scales,
+                   float *y, int64_t K, int64_t ldw, int64_t lds, float scale, int64_t n0, int64_t n1);
 int bf16_dot(void);
 int product_bf16x(int format, int panel, const uint16_t *x, const void *w, const uint8_t *scales, float *y,
                   int64_t M, int64_t N, int64_t K, int64_t ld, int64_t lds, int64_t skip, float scale);
@@ -51,8 +55,8 @@ enum { DOT_BF16 = 1, DOT_FP8 = 2, DOT_NVFP4 = 3 }; /* gemv.c's PANEL_BF16, PANEL
 typedef struct { int64_t top_k; float temperature, top_p, min_p; } sampling; /* sample.c's */
 int64_t sample_row(const float *logits, int64_t V, const sampling *s, float u, float *p, uint64_t *keys);
 
-enum { PANELS_F32, ROWS_F32, ROWS_BF16, FP8, NVFP4, PANELS_BF16, PANELS_FP8 }; /* model/step.py checks the format
-                                                                                   it writes */
+/* model/step.py checks the format it writes; NVFP4_A4: NVFP4 whose inputs are rounded to NVFP4 too (W4A4) */
+enum { PANELS_F32, ROWS_F32, ROWS_BF16, FP8, NVFP4, PANELS_BF16, PANELS_FP8, NVFP4_A4 };
 
 static inline int panelled(int64_t format) {
     return format == PANELS_F32 || format == PANELS_BF16 || format == PANELS_FP8;
@@ -72,7 +76,19 @@ typedef struct {     /* y[n] = sum_k W[n, k] x[k], n < out, k < in */
     const void *scales; /* NVFP4's e4m3 block scales */
     float scale;        /* FP8 / NVFP4's per-tensor scale */
     int64_t skip;       /* panels: columns of the first panel before the view's first output (gemv.c) */
+    float input_scale;  /* NVFP4_A4: the inputs' per-tensor scale; 0: each row's own */
 } weight;
+
+/* x [M, K] permuted for part_nvfp4 into xp (not x), each row rounded to NVFP4 first where w is NVFP4_A4. */
+static void nvfp4_x(const weight *w, const float *x, float *xp, int64_t M) {
+    const int64_t K = w->in;
+    float rounded[w->format == NVFP4_A4 ? K : 1];
+    for (int64_t m = 0; m < M; m++) {
+        const float *r = x + m * K;
+        if (w->format == NVFP4_A4) nvfp4_round_rows(r, rounded, 1, K, w->input_scale), r = rounded;
+        permute_nvfp4(r, xp + m * K, 1, K);
+    }
+}
 
 /* A token runs in one parallel region (decode_token, at the end): every thread runs every block, taking its
  * share of each product. Threads meet at a barrier only where one reads what another wrote: after the
@@ -286,6 +302,14 @@ static void run(const product *p) {
         float xp[w->in];
         permute_nvfp4(p->x, xp, 1, w->in);
         part_nvfp4(xp, w->w, w->scales, p->y, 1, w->out, w->in, w->ld, w->ld_scales, w->scale, n0, n1);
+        break;
+    }
+    case NVFP4_A4: { /* every thread rounds x itself: K values, against its share of K x out weights */
+        int8_t xq[w->in];
+        float xs[w->in / 8];
+        int32_t xc[w->in / 8];
+        const float s = w->scale * nvfp4_inputs(p->x, w->in, w->input_scale, xq, xs, xc);
+        part_nvfp4_a4(xq, xs, xc, w->w, w->scales, p->y, w->in, w->ld, w->ld_scales, s, n0, n1);
     }
     }
 }
@@ -1339,17 +1363,18 @@ static void run_rows(const product *p) {
     case ROWS_F32: part_f32(p->x, w->w, p->y, M, N, K, w->ld, n0, n1); break;
     case ROWS_BF16: part_bf16(p->x, w->w, p->y, M, N, K, w->ld, n0, n1); break;
     case FP8: part_fp8(p->x, w->w, p->y, M, N, K, w->ld, w->scale, n0, n1); break;
-    case NVFP4: {
+    case NVFP4:
+    case NVFP4_A4: {
         float *xp = malloc(sizeof(float) * M * K);
         if (xp) {
-            permute_nvfp4(p->x, xp, M, K);
+            nvfp4_x(w, p->x, xp, M);
             part_nvfp4(xp, w->w, w->scales, p->y, M, N, K, w->ld, w->ld_scales, w->scale, n0, n1);
             free(xp);
             break;
         }
         for (int64_t q = 0; q < M; q++) { /* no memory for all the rows' permuted inputs: a row at a time */
             float row[K];
-            permute_nvfp4(p->x + q * K, row, 1, K);
+            nvfp4_x(w, p->x + q * K, row, 1);
             part_nvfp4(row, w->w, w->scales, p->y + q * N, 1, N, K, w->ld, w->ld_scales, w->scale, n0, n1);
         }
     }
@@ -1838,7 +1863,7 @@ int ssm_scan(const float *x, const int64_t *xs, const float *dt, const int64_t *
 
 /* ------------------------------------------------------------------- MoE experts over a prompt */
 
-/* y [m, N] = x [m, K] W^T for any weight format (x permuted for NVFP4, permute_nvfp4), on gemv.c's panels:
+/* y [m, N] = x [m, K] W^T for any weight format (x as nvfp4_x leaves it for NVFP4), on gemv.c's panels:
    float32 weights are stored in them (`scratch`: gemm_p_scratch floats), the others decoded into them
    (from 4 rows; fewer take the dot products). */
 static void rows_product(const weight *w, const float *x, int64_t m, float *y, float *scratch) {
@@ -1852,7 +1877,8 @@ static void rows_product(const weight *w, const float *x, int64_t m, float *y, f
     case ROWS_F32: part_f32(x, w->w, y, m, N, K, w->ld, 0, N); break;
     case ROWS_BF16: part_bf16(x, w->w, y, m, N, K, w->ld, 0, N); break;
     case FP8: part_fp8(x, w->w, y, m, N, K, w->ld, w->scale, 0, N); break;
-    case NVFP4: part_nvfp4(x, w->w, w->scales, y, m, N, K, w->ld, w->ld_scales, w->scale, 0, N);
+    case NVFP4:
+    case NVFP4_A4: part_nvfp4(x, w->w, w->scales, y, m, N, K, w->ld, w->ld_scales, w->scale, 0, N);
     }
 }
 
@@ -1882,7 +1908,8 @@ static void sort_pairs(const int64_t *ids, int64_t S, int64_t k, int64_t E, int6
 int experts_prefill(const float *x, int64_t n, int64_t d, const int64_t *ids, const float *wts, int64_t k,
                     int64_t E, const weight *up, const weight *down, int64_t I, float *out, int threads) {
     const int64_t S = n * k, each = gemm_p_scratch + (I + 7) / 8 * 8; /* a thread's: tiles, a row of H */
-    const int permute_up = up[0].format == NVFP4, permute_down = down[0].format == NVFP4;
+    const int permute_up = up[0].format == NVFP4 || up[0].format == NVFP4_A4,
+              permute_down = down[0].format == NVFP4 || down[0].format == NVFP4_A4;
     int64_t *start = malloc(sizeof(int64_t) * (2 * (E + 1) + 2 * S));
     float *X = malloc(sizeof(float) * S * (2 * d + I)); /* NVFP4's inputs permuted where they lie */
     float *scratches = aligned_alloc(32, sizeof(float) * each * (threads > 0 ? threads : 1));
@@ -1901,7 +1928,7 @@ int experts_prefill(const float *x, int64_t n, int64_t d, const int64_t *ids, co
         float *row = scratch + gemm_p_scratch;
         #pragma omp for schedule(static)
         for (int64_t q = 0; q < S; q++) {
-            if (permute_up) permute_nvfp4(x + token_of[q] * d, X + q * d, 1, d);
+            if (permute_up) nvfp4_x(&up[0], x + token_of[q] * d, X + q * d, 1);
             else memcpy(X + q * d, x + token_of[q] * d, sizeof(float) * d);
         }
         #pragma omp for schedule(dynamic, 1)
@@ -1916,7 +1943,7 @@ int experts_prefill(const float *x, int64_t n, int64_t d, const int64_t *ids, co
             #pragma omp for schedule(static)
             for (int64_t q = 0; q < S; q++) {
                 memcpy(row, H + q * I, sizeof(float) * I);
-                permute_nvfp4(row, H + q * I, 1, I);
+                nvfp4_x(&down[0], row, H + q * I, 1);
             }
         }
         #pragma omp for schedule(dynamic, 1)

@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _I, _P, _F = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-PANELS_F32, ROWS_F32, ROWS_BF16, FP8, NVFP4, PANELS_BF16, PANELS_FP8 = range(7)  # step.c's weight formats
+# step.c's weight formats; NVFP4_A4: NVFP4 whose inputs are rounded to NVFP4 too (W4A4, quant/nvfp4.py)
+PANELS_F32, ROWS_F32, ROWS_BF16, FP8, NVFP4, PANELS_BF16, PANELS_FP8, NVFP4_A4 = range(8)
 
 
 class Unsupported(Exception):
@@ -57,16 +58,17 @@ class Weight(ctypes.Structure):
     """step.c's `weight`: a [out, in] weight view, x @ W.T."""
 
     _fields_ = [("format", _I), ("out", _I), ("inp", _I), ("ld", _I), ("ld_scales", _I),
-                ("w", _P), ("scales", _P), ("scale", _F), ("skip", _I)]
+                ("w", _P), ("scales", _P), ("scale", _F), ("skip", _I), ("input_scale", _F)]
 
 
-def packed(fmt: int, codes: Tensor, scales: Tensor | None, scale: float, inputs: int) -> Weight:
+def packed(fmt: int, codes: Tensor, scales: Tensor | None, scale: float, inputs: int,
+           input_scale: float = 0.0) -> Weight:
     """A packed FP8 (codes [out, in] bytes) or NVFP4 (codes [out, in/2], e4m3 block scales) view; the
     quantized formats (elastic_local.quant) describe themselves through this."""
     if codes.stride(1) != 1 or (scales is not None and scales.stride(1) != 1):
         raise Unsupported("packed weight rows are not contiguous")
     return Weight(fmt, codes.shape[0], inputs, codes.stride(0), 0 if scales is None else scales.stride(0),
-                  codes.data_ptr(), None if scales is None else scales.data_ptr(), scale)
+                  codes.data_ptr(), None if scales is None else scales.data_ptr(), scale, 0, input_scale)
 
 
 def weight(w) -> Weight:

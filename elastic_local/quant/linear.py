@@ -97,6 +97,10 @@ class QuantizedWeight(ABC):
     def _cpu_linear(self, x: Tensor) -> Tensor:
         """x [.., in] @ W.T on model/gemv.c's kernel for the format."""
 
+    def round_inputs(self, x: Tensor) -> Tensor:
+        """x as this weight's products take it: itself, except where a format rounds its inputs (NVFP4's W4A4)."""
+        return x
+
     @abstractmethod
     def step_weight(self):
         """This view as model/step.c reads it (model.step.Weight), for the C decode step."""

@@ -53,6 +53,21 @@ def quantize_blocks(x: Tensor, scale_2: Tensor) -> tuple[Tensor, Tensor]:
     return codes[..., 0::2] | codes[..., 1::2] << 4, scale
 
 
+def round_to_nvfp4(x: Tensor, input_scale: Tensor | None) -> Tensor:
+    """x [.., k] with each row rounded to NVFP4 and back, as W4A4 feeds a product: per-16 e4m3 scales under
+    `input_scale`, or where that is None under the row's own amax / (6 * 448); values in float32."""
+    xf = x.float()
+    if input_scale is None:
+        scale_2 = (xf.abs().amax(-1, keepdim=True) / (E2M1_MAX * E4M3_MAX)).clamp_min(torch.finfo(torch.float32).tiny)
+    else:
+        scale_2 = input_scale.to(x.device, torch.float32).reshape(())
+    packed, scales = quantize_blocks(xf, scale_2)
+    codes = torch.stack((packed & 15, packed >> 4), -1).flatten(-2).long()
+    values = torch.tensor(E2M1_VALUES, device=x.device)[codes].unflatten(-1, (-1, BLOCK))
+    unit = scales.float() * scale_2  # a row's scale_2 [.., 1] meets its blocks [.., k / 16]
+    return (values * unit.unsqueeze(-1)).flatten(-2)
+
+
 def quantize_nvfp4(w: Tensor, weight_scale_2: Tensor | None = None, name: str = "weight") -> NVFP4Weight:
     """Quantize a [out, in] weight (in % 16 == 0); `weight_scale_2` defaults to amax / (6 * 448).
 
@@ -98,6 +113,9 @@ class NVFP4Weight(QuantizedWeight):
     weight_scale: Tensor  # float8_e4m3fn [out, in/16]
     weight_scale_2: Tensor  # fp32 scalar
     input_scale: Tensor | None = None  # fp32 scalar: calibrated activation amax / (6 * 448)
+    # W4A4 on the CPU: each input row rounded to NVFP4 before the product (load(activations="nvfp4")); the
+    # GPU's block-scaled kernel always rounds them
+    quantize_inputs: bool = False
     _blocked_scale: Tensor | None = field(default=None, init=False, repr=False)  # swizzled once, on first use
 
     fast_kernel: ClassVar[str] = "scaled_mm_nvfp4"
@@ -111,7 +129,7 @@ class NVFP4Weight(QuantizedWeight):
         if cols % BLOCK:
             raise ValueError(f"NVFP4 input cut {cols} is not a multiple of {BLOCK} (the scale block)")
         w, s = self.weight[r0:r1, : cols // 2], self.weight_scale[r0:r1, : cols // BLOCK]
-        return NVFP4Weight(w, s, self.weight_scale_2, self.input_scale)
+        return NVFP4Weight(w, s, self.weight_scale_2, self.input_scale, self.quantize_inputs)
 
     def _dequantize_rows(self, r0: int, r1: int, dtype: torch.dtype) -> Tensor:
         return dequantize_nvfp4(self.weight[r0:r1], self.weight_scale[r0:r1], self.weight_scale_2, dtype)
@@ -148,9 +166,24 @@ class NVFP4Weight(QuantizedWeight):
         )
         return (out.float() * (scale_2 * self.weight_scale_2)).to(x.dtype)
 
+    def round_inputs(self, x: Tensor) -> Tensor:
+        return round_to_nvfp4(x, self.input_scale).to(x.dtype) if self.quantize_inputs else x
+
+    def linear(self, x: Tensor) -> Tensor:
+        if self._scaled_mm(x.device) is None and not gemv.usable(x, gemv.MAX_PACKED_ROWS):
+            x = self.round_inputs(x)  # the dequantizing path: rounded here (the kernels round their own)
+        return super().linear(x)
+
+    def _input_scale(self) -> float:
+        return 0.0 if self.input_scale is None else self.input_scale.item()
+
     def _cpu_linear(self, x: Tensor) -> Tensor:
-        return gemv.nvfp4(x, self.weight, self.weight_scale.view(torch.uint8), self.weight_scale_2.item())
+        codes, scales, scale = self.weight, self.weight_scale.view(torch.uint8), self.weight_scale_2.item()
+        if self.quantize_inputs:
+            return gemv.nvfp4_a4(x, codes, scales, scale, self._input_scale())
+        return gemv.nvfp4(x, codes, scales, scale)
 
     def step_weight(self) -> step.Weight:
-        return step.packed(step.NVFP4, self.weight, self.weight_scale.view(torch.uint8), self.weight_scale_2.item(),
-                           self.shape[1])
+        fmt = step.NVFP4_A4 if self.quantize_inputs else step.NVFP4
+        return step.packed(fmt, self.weight, self.weight_scale.view(torch.uint8), self.weight_scale_2.item(),
+                           self.shape[1], self._input_scale())
