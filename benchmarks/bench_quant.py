@@ -24,7 +24,8 @@ Cached under benchmarks/_work/quant/. Then:
              `--decode-model gen`: on bench_generate.py's 136M nested model instead, FP8 / NVFP4 made
              while loading (`load(dir, precision=...)`, the same numbers as a stored file); `gen16`: the
              same model stored in BF16, as published files are (a float32 load keeps its Linear weights in
-             bf16 panels: 2 bytes a weight where `gen`'s float32 file reads 4). `--fp8-rows` adds the FP8
+             bf16 panels: 2 bytes a weight where `gen`'s float32 file reads 4); `demo`: the embedded demo
+             model (5.6M parameters, BF16). `--fp8-rows` adds the FP8
              model with its codes put back into [out, in] rows (`fp8_as_rows`; everything else as loaded)
              beside the column panels a CPU load keeps them in (quant/fp8.py FP8Panels), and their ratio.
              `--nvfp4-a4` adds the NVFP4 model with its inputs rounded to NVFP4 too (`nvfp4-a4`:
@@ -311,7 +312,8 @@ def decode_run(model, budget: str, prompt: torch.Tensor, n_new: int) -> tuple[fl
 
 
 def decode_speed(models: dict, budgets: list[str], args: argparse.Namespace) -> dict:
-    prompt = torch.randint(3, CONFIG["vocab_size"], (1, args.prompt_len), generator=torch.Generator().manual_seed(SEED))
+    vocab = min(m.config.vocab_size for m in models.values())  # the demo's is 512
+    prompt = torch.randint(3, vocab, (1, args.prompt_len), generator=torch.Generator().manual_seed(SEED))
     res = {b: {p: {"decode_tok_s": [], "prefill_tok_s": []} for p in models} for b in budgets}
     for b in budgets:  # warm-up, and the tokens each precision generates
         for p, m in models.items():
@@ -426,7 +428,7 @@ def main() -> None:
                         "beside the column panels a CPU load keeps them in")
     p.add_argument("--nvfp4-a4", action="store_true",
                    help="decode the NVFP4 model with its inputs rounded to NVFP4 too (activations='nvfp4', W4A4)")
-    p.add_argument("--decode-model", default="tiny", choices=("tiny", "gen", "gen16"),
+    p.add_argument("--decode-model", default="tiny", choices=("tiny", "gen", "gen16", "demo"),
                    help="decode part on the 17M model's stored files, or on bench_generate.py's 136M nested "
                         "model (53M active) quantized while loading")
     p.add_argument("--rss-reps", type=int, default=1, help="fresh processes per RSS case (the minimum is kept)")
@@ -499,6 +501,11 @@ def main() -> None:
             gen = bench_generate.build() if args.decode_model == "gen" else bench_generate.build_bf16()
             sources = {p: (gen, None if p == "bf16" else p) for p in dirs}
             decode_budgets = ["full", *bench_generate.BUDGETS]
+        elif args.decode_model == "demo":  # the embedded demo model (a BF16 file), quantized while loading
+            from elastic_local.paths import default_model
+
+            sources = {p: (default_model(), None if p == "bf16" else p) for p in dirs}
+            decode_budgets = ["full", "mid", "small"]
         for dtype in args.decode_dtypes.split(","):
             loaded = dict(models) if dtype == "float32" and args.decode_model == "tiny" else {
                 prec: elastic_local.load(d, dtype=getattr(torch, dtype), precision=q)

@@ -1346,8 +1346,9 @@ void part_nvfp4_a4(const int8_t *xq, const float *xs, const int32_t *xc, const u
     scale *= 64.f; /* (2 w)(2 x) and the weight scales' 2^-8 */
     for (int64_t n = n0; n < n1; n += 4) {
         const int R = n1 - n < 4 ? (int)(n1 - n) : 4;
-        for (int r = 0; r < R; r++)
-            if (n + r + AHEAD < n1) prefetch(w + (n + r + AHEAD) * ldw, K / 2), prefetch(scales + (n + r + AHEAD) * lds, K / 16);
+        if (K / 2 < ldw) /* a budget's cut rows (whole rows stream: prefetching them cost 1.0-1.2x in the caches) */
+            for (int r = 0; r < R; r++)
+                if (n + r + AHEAD < n1) prefetch(w + (n + r + AHEAD) * ldw, K / 2), prefetch(scales + (n + r + AHEAD) * lds, K / 16);
         float out[4];
         switch (R) {
         case 4: rows_a4(4, xq, xs, xc, w + n * ldw, scales + n * lds, ldw, lds, K, out); break;
