@@ -1435,7 +1435,8 @@ int gemv_nvfp4_a4(const float *x, const uint8_t *w, const uint8_t *scales, float
     if (M > 1) {
         float *xr = malloc(M * K * sizeof(float));
         if (!xr) return -1;
-        nvfp4_round_rows(x, xr, M, K, input_scale);
+        #pragma omp parallel for num_threads(threads) if (M * K >= 65536)
+        for (int64_t m = 0; m < M; m++) nvfp4_round_rows(x + m * K, xr + m * K, 1, K, input_scale);
         const int rc = gemv_nvfp4(xr, w, scales, y, M, N, K, ldw, lds, scale, threads);
         free(xr);
         return rc;
