@@ -24,6 +24,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=["bf16", "fp8", "nvfp4"], help="weights' precision (default: the pick)")
     p.add_argument("--device", default="auto",
                    help="cpu, cuda or cuda:N (default auto: cuda when torch sees a GPU, else cpu)")
+    p.add_argument("--activations", choices=["float", "nvfp4"], default="float",
+                   help="nvfp4: NVFP4 weights round their inputs to NVFP4 too (W4A4, as Blackwell computes them; "
+                        "on a CPU faster integer products); needs --precision nvfp4")
     p.add_argument("--think-budget", help="budget that thinks (default: the largest resident one)")
     p.add_argument("--answer-budget", help="budget that answers (default: the largest resident one)")
     p.add_argument("--max-think-tokens", type=int, default=1024, help="think token budget (default 1024)")
@@ -47,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         keymap = keys.load()
-        options = Options(model_dir(args.dir), args.profile, args.context, args.budget, args.precision, args.device)
+        options = Options(model_dir(args.dir), args.profile, args.context, args.budget, args.precision, args.device,
+                          args.activations)
         sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                         seed=args.seed)
         store = Store(Path(args.history) if args.history else None)

@@ -29,6 +29,7 @@ class Options:
     budget: str | None = None  # None: the planner's pick
     precision: str | None = None  # None: the planner's pick
     device: str = "auto"  # auto: cuda with a GPU torch sees, else cpu, as every command; `plan` resolves it
+    activations: str = "float"  # nvfp4: NVFP4 weights round their inputs too (W4A4; elastic_local.load)
 
 
 @dataclass
@@ -100,4 +101,4 @@ def load(o: Options, pick: Pick, progress: Progress | None = None) -> ElasticMod
     import elastic_local
 
     return elastic_local.load(o.dir, budget=pick.budget, precision=pick.precision, device=o.device,
-                              dtype=pick.dtype, progress=progress)
+                              dtype=pick.dtype, progress=progress, activations=o.activations)

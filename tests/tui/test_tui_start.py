@@ -9,7 +9,7 @@ import torch
 from elastic_local.tui.app import ElasticChat
 from elastic_local.tui.cli import main, parser
 from elastic_local.tui.screens.chat import ChatScreen
-from elastic_local.tui.start import Options, model_dir, plan
+from elastic_local.tui.start import Options, load, model_dir, plan
 from elastic_local.tui.widgets.prompt import PromptInput
 from textual.app import App
 from tui_util import wait_until
@@ -60,6 +60,15 @@ def test_cpu_plans_for_this_machines_ram(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     p, pick = plan(Options(model_dir(None)))
     assert p.profile.name == "auto" and "CPU" in pick.why and pick.budget is not None
+
+
+def test_activations_nvfp4_reach_the_loader(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args = parser().parse_args(["--precision", "nvfp4", "--activations", "nvfp4"])
+    o = Options(model_dir(None), precision=args.precision, activations=args.activations)
+    m = load(o, plan(o)[1])
+    assert all(layer.mixer.in_proj.quantize_inputs for layer in m.net.layers if layer.kind == "M")
+    assert parser().parse_args([]).activations == "float"
 
 
 def test_cpu_computes_in_float32_where_it_fits_else_bfloat16(monkeypatch):
