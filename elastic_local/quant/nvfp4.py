@@ -113,8 +113,8 @@ class NVFP4Weight(QuantizedWeight):
     weight_scale: Tensor  # float8_e4m3fn [out, in/16]
     weight_scale_2: Tensor  # fp32 scalar
     input_scale: Tensor | None = None  # fp32 scalar: calibrated activation amax / (6 * 448)
-    # W4A4 on the CPU: each input row rounded to NVFP4 before the product (load(activations="nvfp4")); the
-    # GPU's block-scaled kernel always rounds them
+    # W4A4 where no block-scaled kernel runs (a CPU, a GPU before Blackwell): each input row rounded to NVFP4
+    # before the product (load(activations="nvfp4")); the block-scaled kernel always rounds them
     quantize_inputs: bool = False
     _blocked_scale: Tensor | None = field(default=None, init=False, repr=False)  # swizzled once, on first use
 
@@ -148,10 +148,11 @@ class NVFP4Weight(QuantizedWeight):
         return out % 16 == 0 and k % 32 == 0
 
     def _fast_linear(self, x: Tensor, scaled_mm) -> Tensor:
-        # Activations get the weight's treatment: per-16 e4m3 scales under one per-tensor scale.
+        # Activations get the weight's treatment: per-16 e4m3 scales under one float scale, the calibrated
+        # input_scale or each row's own (as round_to_nvfp4, the CPU's W4A4: a row never depends on its batch)
         scale_2 = self.input_scale
         if scale_2 is None:
-            amax = x.abs().amax().float()
+            amax = x.abs().amax(-1, keepdim=True).float()
             scale_2 = (amax / (E2M1_MAX * E4M3_MAX)).clamp_min(torch.finfo(torch.float32).tiny)
         xq, xs = quantize_blocks(x, scale_2)
         if self._blocked_scale is None:
@@ -170,7 +171,7 @@ class NVFP4Weight(QuantizedWeight):
         return round_to_nvfp4(x, self.input_scale).to(x.dtype) if self.quantize_inputs else x
 
     def linear(self, x: Tensor) -> Tensor:
-        if self._scaled_mm(x.device) is None and not gemv.usable(x, gemv.MAX_PACKED_ROWS):
+        if self.quantize_inputs and self._scaled_mm(x.device) is None and not gemv.usable(x, gemv.MAX_PACKED_ROWS):
             x = self.round_inputs(x)  # the dequantizing path: rounded here (the kernels round their own)
         return super().linear(x)
 
