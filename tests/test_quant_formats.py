@@ -310,3 +310,13 @@ def test_nvfp4_scaled_mm_path_emulated(static):
     torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=1e-3)
     exact = x.float() @ w.dequantize(torch.float32).T  # activation rounding to 4 bits stays modest
     assert (y.float() - exact).norm() < 0.2 * exact.norm()
+
+
+def test_nvfp4_inputs_are_rounded_for_every_product_where_the_block_scaled_kernel_runs(monkeypatch):
+    """A CUDA graph's experts dequantize (moe._experts_gathered); where the block-scaled kernel runs the
+    weight's other products, they round their inputs as it does, so graph and eager steps agree."""
+    w = quantize_nvfp4(random_weight((32, 64), 0.1, torch.float32))
+    x = torch.randn(3, 64)
+    assert torch.equal(w.round_inputs(x), x)  # a CPU: the exact product
+    monkeypatch.setattr(NVFP4Weight, "_scaled_mm", lambda self, device: fake_scaled_mm)
+    assert torch.equal(w.round_inputs(x), round_to_nvfp4(x, None))

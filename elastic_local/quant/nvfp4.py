@@ -168,11 +168,14 @@ class NVFP4Weight(QuantizedWeight):
         return (out.float() * (scale_2 * self.weight_scale_2)).to(x.dtype)
 
     def round_inputs(self, x: Tensor) -> Tensor:
-        return round_to_nvfp4(x, self.input_scale).to(x.dtype) if self.quantize_inputs else x
+        # rounded for W4A4, and wherever the block-scaled kernel runs: it rounds this weight's other products'
+        if self.quantize_inputs or self._scaled_mm(x.device) is not None:
+            return round_to_nvfp4(x, self.input_scale).to(x.dtype)
+        return x
 
     def linear(self, x: Tensor) -> Tensor:
         if self.quantize_inputs and self._scaled_mm(x.device) is None and not gemv.usable(x, gemv.MAX_PACKED_ROWS):
-            x = self.round_inputs(x)  # the dequantizing path: rounded here (the kernels round their own)
+            x = round_to_nvfp4(x, self.input_scale).to(x.dtype)  # the dequantizing path (the kernels round their own)
         return super().linear(x)
 
     def _input_scale(self) -> float:
