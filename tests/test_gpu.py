@@ -88,6 +88,21 @@ def test_quantized_weights_take_the_scaled_matmul_exactly_where_the_gpu_runs_it(
         assert torch.equal(native, dequantized)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < NATIVE_CAPABILITY["nvfp4"],
+                    reason="the block-scaled NVFP4 kernel needs Blackwell")
+def test_blackwell_s_nvfp4_computes_what_the_cpu_s_w4a4_does(tmp_path):
+    """The native kernel rounds the inputs (W4A4); a CPU load with activations='nvfp4' rounds them the same
+    way, so its logits lie nearer the GPU's than the exact CPU path's (W4A16) do (bf16 compute on the GPU)."""
+    make_checkpoint(tmp_path, seed=2, **ALIGNED)
+    ids = torch.randint(0, 96, (1, 16), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        gpu = elastic_local.load(tmp_path, precision="nvfp4", device="cuda").logits(ids.cuda()).cpu()
+        w4a4 = elastic_local.load(tmp_path, precision="nvfp4", activations="nvfp4").logits(ids)
+        w4a16 = elastic_local.load(tmp_path, precision="nvfp4").logits(ids)
+    assert relative_error(gpu, w4a4) < 0.5 * relative_error(gpu, w4a16), (relative_error(gpu, w4a4),
+                                                                        relative_error(gpu, w4a16))
+
+
 def test_compiled_decode_equals_eager_on_a_gpu(nested):
     eager = elastic_local.load(nested, device="cuda", dtype=torch.float32, cuda_graphs=False)
     compiled = elastic_local.load(nested, device="cuda", dtype=torch.float32, compile=True)
