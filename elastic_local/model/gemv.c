@@ -1329,14 +1329,13 @@ static inline __m256 tails_a4(const int8_t *xq, const float *xs, const int32_t *
     return acc;
 }
 
-/* R (1-4 or 8) weight rows, ldw bytes apart (their scales lds), times one row of x: out[r] = sum_k (2 w_k)
-   * (2 x_k) * (weight block scale / 2^8) * (x block scale), 64 times the product before the two float
-   scales. The rows share x's loads, and their sums leave the registers together: on the demo's 256 x 256
-   weights a row at a time ran 12.4 G weights/s, four 14-17, eight 17-22 (scratch, one thread). */
+/* R (1-4) weight rows, ldw bytes apart (their scales lds), times one row of x: out[r] = sum_k (2 w_k)(2 x_k)
+   * (weight block scale / 2^8) * (x block scale), 64 times the product before the two float scales. The
+   rows share x's loads, and four rows' sums leave the registers together: on the demo's 256 x 256 weights
+   a row at a time ran 12.4 G weights/s, four 14-17 (scratch, one thread). */
 static inline void rows_a4(int R, const int8_t *xq, const float *xs, const int32_t *xc, const uint8_t *w,
                            const uint8_t *scales, int64_t ldw, int64_t lds, int64_t K, float *out) {
-    __m256 acc[8];
-    for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     const int64_t K64 = K / 64 * 64;
     int64_t k = 0;
     for (; k + 128 <= K; k += 128)
@@ -1362,11 +1361,7 @@ static inline void rows_a4(int R, const int8_t *xq, const float *xs, const int32
         acc[r] = _mm256_add_ps(acc[r], _mm256_zextps128_ps256(_mm256_castps256_ps128(t)));
         if (r1 != r) acc[r1] = _mm256_add_ps(acc[r1], _mm256_zextps128_ps256(_mm256_extractf128_ps(t, 1)));
     }
-    if (R == 8) { /* the eight sums at once */
-        const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-        const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
-        _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(t, u, 0x20), _mm256_permute2f128_ps(t, u, 0x31)));
-    } else if (R == 4) { /* the four sums at once */
+    if (R == 4) { /* the four sums at once */
         const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
         _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
     } else {
@@ -1379,16 +1374,13 @@ static inline void rows_a4(int R, const int8_t *xq, const float *xs, const int32
 void part_nvfp4_a4(const int8_t *xq, const float *xs, const int32_t *xc, const uint8_t *w, const uint8_t *scales,
                    float *y, int64_t K, int64_t ldw, int64_t lds, float scale, int64_t n0, int64_t n1) {
     scale *= 64.f; /* (2 w)(2 x) and the weight scales' 2^-8 */
-    for (int64_t n = n0; n < n1; n += 8) {
-        const int R = n1 - n < 8 ? (int)(n1 - n) : 8;
+    for (int64_t n = n0; n < n1; n += 4) {
+        const int R = n1 - n < 4 ? (int)(n1 - n) : 4;
         if (K / 2 < ldw) /* a budget's cut rows (whole rows stream: prefetching them cost 1.0-1.2x in the caches) */
             for (int r = 0; r < R; r++)
                 if (n + r + AHEAD < n1) prefetch(w + (n + r + AHEAD) * ldw, K / 2), prefetch(scales + (n + r + AHEAD) * lds, K / 16);
-        float out[8];
+        float out[4];
         switch (R) {
-        case 8: rows_a4(8, xq, xs, xc, w + n * ldw, scales + n * lds, ldw, lds, K, out); break;
-        case 7: case 6: case 5: rows_a4(4, xq, xs, xc, w + n * ldw, scales + n * lds, ldw, lds, K, out);
-            rows_a4(R - 4, xq, xs, xc, w + (n + 4) * ldw, scales + (n + 4) * lds, ldw, lds, K, out + 4); break;
         case 4: rows_a4(4, xq, xs, xc, w + n * ldw, scales + n * lds, ldw, lds, K, out); break;
         case 3: rows_a4(3, xq, xs, xc, w + n * ldw, scales + n * lds, ldw, lds, K, out); break;
         case 2: rows_a4(2, xq, xs, xc, w + n * ldw, scales + n * lds, ldw, lds, K, out); break;
