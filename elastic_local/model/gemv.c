@@ -1136,7 +1136,8 @@ void part_nvfp4(const float *xp, const uint8_t *w, const uint8_t *scales, float 
    float8_e4m3fn. From 2^-6 up, the float32 mantissa rounded to e4m3's 3 bits (a carry out of it moves the
    exponent up, as it should); below, e4m3 is subnormal, multiples of 2^-9 (the conversion rounds to
    nearest even). Checked against a nearest-even search of the codes over all 148,897,793 floats in range
-   (scratch). A search per block, one block at a time, rounded a 256-input row in 0.99 us; this 0.4. */
+   (scratch). With a search per block a 256-input row took 0.99 us to round; four blocks at a time in
+   round_chunk, 0.26 us. */
 static inline __m128 e4m3_round4(__m128 s) {
     const __m128i bits = _mm_castps_si128(s), lsb = _mm_and_si128(_mm_srli_epi32(bits, 20), _mm_set1_epi32(1));
     const __m128 normal = _mm_castsi128_ps(_mm_and_si128(_mm_add_epi32(bits, _mm_add_epi32(_mm_set1_epi32(0x7FFFF), lsb)),
