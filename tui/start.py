@@ -41,11 +41,14 @@ class Pick:
     why: str
     memory: str
     dtype: torch.dtype | None = None  # compute dtype; None: the loader's default (bf16 on a GPU)
+    activations: str = "float"  # nvfp4: NVFP4 weights' inputs rounded too (W4A4)
 
     @property
     def line(self) -> str:
         compute = "" if self.dtype is None else f", {str(self.dtype).removeprefix('torch.')} compute"
-        return f"budget {self.budget or 'stored'}, precision {self.precision or 'stored'}{compute}, {self.memory}"
+        rounded = ", inputs rounded to NVFP4 (W4A4)" if self.activations == "nvfp4" else ""
+        return (f"budget {self.budget or 'stored'}, precision {self.precision or 'stored'}{rounded}{compute}, "
+                f"{self.memory}")
 
 
 def model_dir(arg: str | None) -> Path:
@@ -94,11 +97,11 @@ def plan(o: Options) -> tuple[Plan, Pick]:
         chosen = wide or chosen
     memory = ("memory ? (not a candidate of the plan)" if chosen is None else
               f"memory {chosen.total_bytes / GIB:.2f} of {p.available_bytes / GIB:.2f} GiB")
-    return p, Pick(budget, precision, summary(p), memory, dtype)
+    return p, Pick(budget, precision, summary(p), memory, dtype, o.activations)
 
 
 def load(o: Options, pick: Pick, progress: Progress | None = None) -> ElasticModel:
     import elastic_local
 
     return elastic_local.load(o.dir, budget=pick.budget, precision=pick.precision, device=o.device,
-                              dtype=pick.dtype, progress=progress, activations=o.activations)
+                              dtype=pick.dtype, progress=progress, activations=pick.activations)

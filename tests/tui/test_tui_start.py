@@ -66,7 +66,9 @@ def test_activations_nvfp4_reach_the_loader(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     args = parser().parse_args(["--precision", "nvfp4", "--activations", "nvfp4"])
     o = Options(model_dir(None), precision=args.precision, activations=args.activations)
-    m = load(o, plan(o)[1])
+    pick = plan(o)[1]
+    assert "precision nvfp4, inputs rounded to NVFP4 (W4A4)" in pick.line  # the load screen says so
+    m = load(o, pick)
     assert all(layer.mixer.in_proj.quantize_inputs for layer in m.net.layers if layer.kind == "M")
     assert parser().parse_args([]).activations == "float"
 
