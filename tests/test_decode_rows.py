@@ -87,17 +87,22 @@ def test_each_row_gets_the_bits_it_gets_alone_on_every_budget(nested_tails, thre
     assert all(n > 1 for n in calls)
 
 
-@pytest.mark.parametrize("precision", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("precision", ["fp8", "nvfp4", "nvfp4-a4"])
 def test_quantized_rows_agree_with_each_row_alone(nested_tails, precision):
     """Packed weights: from four rows a weight is decoded once into panels for all of them (the one-row
-    kernel scales its inputs instead), so the rows agree with their own steps to rounding."""
-    m = elastic_local.load(nested_tails, precision=precision)
+    kernel scales its inputs instead), so the rows agree with their own steps to rounding. W4A4 (NVFP4 with
+    its inputs rounded): up to 7 rows each take the one-row integer products, so each gets its own bits."""
+    m = elastic_local.load(nested_tails, precision=precision.removesuffix("-a4"),
+                           activations="nvfp4" if precision.endswith("-a4") else "float")
     g = torch.Generator().manual_seed(6)
     prompts = [torch.randint(0, 96, (n,), generator=g) for n in (7, 3, 11, 2, 5)]
     feed = [torch.randint(0, 96, (4,), generator=g) for _ in prompts]
     got = batched_steps(m.net, m.budget(), prompts, feed)
     for r, (p, f) in enumerate(zip(prompts, feed)):
-        torch.testing.assert_close(got[r], alone_steps(m.net, m.budget(), p, f), atol=1e-4, rtol=1e-4)
+        alone = alone_steps(m.net, m.budget(), p, f)
+        if precision == "nvfp4-a4":
+            assert torch.equal(got[r], alone), r
+        torch.testing.assert_close(got[r], alone, atol=1e-4, rtol=1e-4)
 
 
 def test_bfloat16_rows_get_the_bits_they_get_alone(nested_tails, threads):

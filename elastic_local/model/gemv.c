@@ -16,7 +16,7 @@
  *          scale per tensor (Model Optimizer's NVFP4): two byte shuffles give each code's bf16 (e2m1x64)
  * Every decode is exact; products are summed in float32 (in another order than torch's matmul).
  * NVFP4 with its inputs rounded to NVFP4 too (W4A4, section "NVFP4 inputs rounded to NVFP4 too") multiplies
- * small integers instead: one row of x on `vpmaddubsw`, more rows rounded and run as above.
+ * small integers instead: up to 7 rows of x on `vpmaddubsw`, more rows rounded and run as above.
  *
  * Float32 weights on the CPU are kept in column panels (model/linear.Panels): W^T cut into panels of 24
  * outputs, each [K, 24] contiguous, panel q + 1's rows `ps` floats after panel q's. A budget's view (its
@@ -1128,9 +1128,9 @@ void part_nvfp4(const float *xp, const uint8_t *w, const uint8_t *scales, float 
  * small integers: e2m1 values doubled lie in -12..12, so one byte shuffle gives a weight byte's two
  * doubled values and `vpmaddubsw` multiplies and pairs them with x's, exactly. `vpmaddubsw` takes one side
  * unsigned: the weights come shifted up by 12 (0..24), and each lane's 12 * sum of x, made once per x,
- * comes off again. A block's integer sum times its two e4m3 scales goes into float32 sums. One row of x
- * takes these products; more rows are rounded (nvfp4_round_rows) and run on the weight-only kernels,
- * which give the same sums in another order. */
+ * comes off again. A block's integer sum times its two e4m3 scales goes into float32 sums. Up to
+ * nvfp4_a4_rows - 1 rows of x take these products a row at a time; more are rounded (nvfp4_round_rows) and
+ * run on the weight-only kernels, which give the same sums in another order. */
 
 /* Four block scales (2^-9 <= s <= 448) -> the nearest e4m3 values, ties to even: torch's float ->
    float8_e4m3fn. From 2^-6 up, the float32 mantissa rounded to e4m3's 3 bits (a carry out of it moves the
@@ -1245,7 +1245,7 @@ static inline __m256i evens_odds(__m256i v) {
    8 odd); xs the block scales' values, per 64 inputs as the chunk's 32-bit lanes meet them (blocks 0 0 1 1
    2 2 3 3), then one per last block; xc 12 times each lane's (then each last block's) sum of xq. Returns
    the row's float scale. */
-float nvfp4_inputs(const float *x, int64_t K, float input_scale, int8_t *xq, float *xs, int32_t *xc) {
+static float nvfp4_inputs(const float *x, int64_t K, float input_scale, int8_t *xq, float *xs, int32_t *xc) {
     const float scale_2 = row_scale(x, K, input_scale);
     const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
     int64_t k = 0;
@@ -1372,8 +1372,9 @@ static inline void rows_a4(int R, const int8_t *xq, const float *xs, const int32
 
 /* y[n0:n1] = x W[n0:n1]^T for one row of x given as nvfp4_inputs left it; `scale` the two float scales'
    product. */
-void part_nvfp4_a4(const int8_t *xq, const float *xs, const int32_t *xc, const uint8_t *w, const uint8_t *scales,
-                   float *y, int64_t K, int64_t ldw, int64_t lds, float scale, int64_t n0, int64_t n1) {
+static void part_nvfp4_a4(const int8_t *xq, const float *xs, const int32_t *xc, const uint8_t *w,
+                          const uint8_t *scales, float *y, int64_t K, int64_t ldw, int64_t lds, float scale,
+                          int64_t n0, int64_t n1) {
     scale *= 64.f; /* (2 w)(2 x) and the weight scales' 2^-8 */
     for (int64_t n = n0; n < n1; n += 4) {
         const int R = n1 - n < 4 ? (int)(n1 - n) : 4;
@@ -1388,6 +1389,24 @@ void part_nvfp4_a4(const int8_t *xq, const float *xs, const int32_t *xc, const u
         default: rows_a4(1, xq, xs, xc, w + n * ldw, scales + n * lds, ldw, lds, K, out);
         }
         for (int r = 0; r < R; r++) y[n + r] = out[r] * scale;
+    }
+}
+
+/* Fewer rows of x than this take the integer products a row at a time: at 2 and 3 rows 2.3-3.1x the rounded
+   rows on the weight-only kernels (which decode each weight row into float32 for them), at 4 1.3-1.5x, at 8
+   0.7-1.0x (scratch, one thread, 256 x 768 and 768 x 1536). */
+const int64_t nvfp4_a4_rows = 8;
+
+/* y[:, n0:n1] = x W[n0:n1]^T for M rows of x (y's rows N apart), each row rounded here (every thread rounds
+   its own copy: K values, against its share of K x N weights) and run on the integer products. */
+void part_nvfp4_a4_rows(const float *x, int64_t M, const uint8_t *w, const uint8_t *scales, float *y, int64_t N,
+                        int64_t K, int64_t ldw, int64_t lds, float scale, float input_scale, int64_t n0, int64_t n1) {
+    int8_t xq[K];
+    float xs[K / 8];
+    int32_t xc[K / 8];
+    for (int64_t m = 0; m < M; m++) {
+        const float s = scale * nvfp4_inputs(x + m * K, K, input_scale, xq, xs, xc);
+        part_nvfp4_a4(xq, xs, xc, w, scales, y + m * N, K, ldw, lds, s, n0, n1);
     }
 }
 
@@ -1459,27 +1478,21 @@ int gemv_nvfp4(const float *x, const uint8_t *w, const uint8_t *scales, float *y
     return 0;
 }
 
-/* gemv_nvfp4 with x's rows rounded to NVFP4 first (W4A4, above): one row on the integer products, more
-   rounded and run on the weight-only kernels. input_scale 0: each row's own. */
+/* gemv_nvfp4 with x's rows rounded to NVFP4 first (W4A4, above): fewer than nvfp4_a4_rows rows on the
+   integer products, more rounded and run on the weight-only kernels. input_scale 0: each row's own. */
 int gemv_nvfp4_a4(const float *x, const uint8_t *w, const uint8_t *scales, float *y, int64_t M, int64_t N,
                   int64_t K, int64_t ldw, int64_t lds, float scale, float input_scale, int threads) {
-    if (M > 1) {
-        float *xr = malloc(M * K * sizeof(float));
-        if (!xr) return -1;
-        #pragma omp parallel for num_threads(threads) if (M * K >= 65536)
-        for (int64_t m = 0; m < M; m++) nvfp4_round_rows(x + m * K, xr + m * K, 1, K, input_scale);
-        const int rc = gemv_nvfp4(xr, w, scales, y, M, N, K, ldw, lds, scale, threads);
-        free(xr);
-        return rc;
+    if (M < nvfp4_a4_rows) {
+        SHARED(part_nvfp4_a4_rows(x, M, w, scales, y, N, K, ldw, lds, scale, input_scale, n0, n1));
+        return 0;
     }
-    int8_t *xq = malloc(K + (K / 8) * (sizeof(float) + sizeof(int32_t)));
-    if (!xq) return -1;
-    float *xs = (float *)(xq + K);
-    int32_t *xc = (int32_t *)(xs + K / 8);
-    const float s = scale * nvfp4_inputs(x, K, input_scale, xq, xs, xc);
-    SHARED(part_nvfp4_a4(xq, xs, xc, w, scales, y, K, ldw, lds, s, n0, n1));
-    free(xq);
-    return 0;
+    float *xr = malloc(M * K * sizeof(float));
+    if (!xr) return -1;
+    #pragma omp parallel for num_threads(threads) if (M * K >= 65536)
+    for (int64_t m = 0; m < M; m++) nvfp4_round_rows(x + m * K, xr + m * K, 1, K, input_scale);
+    const int rc = gemv_nvfp4(xr, w, scales, y, M, N, K, ldw, lds, scale, threads);
+    free(xr);
+    return rc;
 }
 
 /* y [M, N] (float32) = x [M, K] (bf16) times packed FP8 (`format` PANEL_FP8) or NVFP4 (PANEL_NVFP4) rows on

@@ -45,9 +45,9 @@ extern const int64_t gemm_p_scratch; /* floats of gemm_p_part's c */
 void part_nvfp4(const float *, const uint8_t *, const uint8_t *, float *, int64_t, int64_t, int64_t, int64_t,
                 int64_t, float, int64_t, int64_t);
 void nvfp4_round_rows(const float *x, float *out, int64_t M, int64_t K, float input_scale);
-float nvfp4_inputs(const float *x, int64_t K, float input_scale, int8_t *xq, float *xs, int32_t *xc);
-void part_nvfp4_a4(const int8_t *xq, const float *xs, const int32_t *xc, const uint8_t *w, const uint8_t *scales,
-                   float *y, int64_t K, int64_t ldw, int64_t lds, float scale, int64_t n0, int64_t n1);
+extern const int64_t nvfp4_a4_rows; /* fewer rows of x: the integer products, a row at a time */
+void part_nvfp4_a4_rows(const float *x, int64_t M, const uint8_t *w, const uint8_t *scales, float *y, int64_t N,
+                        int64_t K, int64_t ldw, int64_t lds, float scale, float input_scale, int64_t n0, int64_t n1);
 int bf16_dot(void);
 int product_bf16x(int format, int panel, const uint16_t *x, const void *w, const uint8_t *scales, float *y,
                   int64_t M, int64_t N, int64_t K, int64_t ld, int64_t lds, int64_t skip, float scale);
@@ -304,13 +304,9 @@ static void run(const product *p) {
         part_nvfp4(xp, w->w, w->scales, p->y, 1, w->out, w->in, w->ld, w->ld_scales, w->scale, n0, n1);
         break;
     }
-    case NVFP4_A4: { /* every thread rounds x itself: K values, against its share of K x out weights */
-        int8_t xq[w->in];
-        float xs[w->in / 8];
-        int32_t xc[w->in / 8];
-        const float s = w->scale * nvfp4_inputs(p->x, w->in, w->input_scale, xq, xs, xc);
-        part_nvfp4_a4(xq, xs, xc, w->w, w->scales, p->y, w->in, w->ld, w->ld_scales, s, n0, n1);
-    }
+    case NVFP4_A4:
+        part_nvfp4_a4_rows(p->x, 1, w->w, w->scales, p->y, w->out, w->in, w->ld, w->ld_scales, w->scale,
+                           w->input_scale, n0, n1);
     }
 }
 
@@ -1363,8 +1359,14 @@ static void run_rows(const product *p) {
     case ROWS_F32: part_f32(p->x, w->w, p->y, M, N, K, w->ld, n0, n1); break;
     case ROWS_BF16: part_bf16(p->x, w->w, p->y, M, N, K, w->ld, n0, n1); break;
     case FP8: part_fp8(p->x, w->w, p->y, M, N, K, w->ld, w->scale, n0, n1); break;
-    case NVFP4:
-    case NVFP4_A4: {
+    case NVFP4_A4:
+        if (M < nvfp4_a4_rows) {
+            part_nvfp4_a4_rows(p->x, M, w->w, w->scales, p->y, N, K, w->ld, w->ld_scales, w->scale, w->input_scale,
+                               n0, n1);
+            break;
+        }
+        __attribute__((fallthrough)); /* more rows are rounded, then take the weight-only products */
+    case NVFP4: {
         float *xp = malloc(sizeof(float) * M * K);
         if (xp) {
             nvfp4_x(w, p->x, xp, M);
