@@ -32,10 +32,10 @@
  * registers (e4m3x8_low), a few rows' tiles widen it as they read it, more rows widen a panel's block once.
  * As rows, a budget's view streamed 1.4-1.5x slower per weight than in panels at 448 of 768 inputs, and
  * gen16's small budget decoded 1.07-1.21x slower (docs/decode-speed.md, "FP8 codes in column panels").
- * NVFP4 keeps W's rows (so do FP8 weights made outside a CPU load): with one row of x the decode feeds
- * the products directly; with two or three, each weight row is decoded once into a scratch row that every
- * row of x then reads; from four, 24 weight rows at a time are decoded into a panel of the same shape that
- * the tiles run over.
+ * NVFP4 keeps W's rows (so do FP8 weights made outside a CPU load): with up to three rows of x the decode
+ * feeds each row's products directly (each weight row decoded once into a float32 row that every row of x
+ * then read ran 1.1-1.34x slower at two and three rows, scratch); from four, 24 weight rows at a time are
+ * decoded into a panel of the same shape that the tiles run over.
  * A bfloat16 prompt (x in bf16) runs on the CPU's bf16 dot products where it has them (AVX512-BF16, chosen
  * at run time: section "A bfloat16 prompt on bf16 dot products"), with bf16 or packed weights alike.
  */
@@ -1108,15 +1108,9 @@ void part_nvfp4(const float *xp, const uint8_t *w, const uint8_t *scales, float 
                 int64_t K, int64_t ldw, int64_t lds, float scale, int64_t n0, int64_t n1) {
     scale *= 16384.f * 256.f;
     if (M >= PANEL_MIN_ROWS && panels(PANEL_NVFP4, xp, w, scales, y, M, N, K, ldw, lds, scale, n0, n1)) return;
-    for (int64_t n = n0; n < n1; n++) {
-        if (M == 1) {
-            if (n + AHEAD < n1) prefetch(w + (n + AHEAD) * ldw, K / 2), prefetch(scales + (n + AHEAD) * lds, K / 16);
-            y[n] = dot_nvfp4(xp, w + n * ldw, scales + n * lds, K) * scale;
-            continue;
-        }
-        float row[K];
-        decode_nvfp4(w + n * ldw, scales + n * lds, K, row);
-        for (int64_t m = 0; m < M; m++) y[m * N + n] = dot_f32(xp + m * K, row, K) * scale;
+    for (int64_t n = n0; n < n1; n++) { /* each row of x the one-row product (see the file's top) */
+        if (n + AHEAD < n1) prefetch(w + (n + AHEAD) * ldw, K / 2), prefetch(scales + (n + AHEAD) * lds, K / 16);
+        for (int64_t m = 0; m < M; m++) y[m * N + n] = dot_nvfp4(xp + m * K, w + n * ldw, scales + n * lds, K) * scale;
     }
 }
 
