@@ -130,8 +130,9 @@ def round_nvfp4_inputs(net: NemotronH, path: Path) -> None:
 
 
 def _objects(net: NemotronH):
-    """Every object the network's weights hold, once (a walk like NemotronH.tensors, for the weights)."""
-    seen, todo = set(), [net.layers]
+    """Every object the network's weights hold, once: NemotronH.tensors' walk from the same roots, into
+    dicts too (a weight's cached budget views), yielding the objects instead of their tensors."""
+    seen, todo = set(), [net.embed, net.layers, net.norm_f, net.lm_head]
     while todo:
         obj = todo.pop()
         if id(obj) in seen or isinstance(obj, (torch.Tensor, type)):
