@@ -605,15 +605,15 @@ def test_loading_builds_the_kernels_in_the_background(monkeypatch, tmp_path):
 
 
 def w4a4_inputs(rows: int, k: int, seed: int = 0) -> torch.Tensor:
-    """Inputs whose blocks span what NVFP4's rounding meets: a zero block, values small enough for a
-    subnormal e4m3 block scale, huge ones, one row of ties (exact multiples of half the grid's unit)."""
+    """Inputs whose blocks span what NVFP4's rounding meets: rows from 1e-3 to 1e3, a zero block, a block
+    whose e4m3 scale is subnormal and one whose scale is clamped to e4m3's least (ties: the test below)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, k, generator=g) * torch.logspace(-3, 3, rows)[:, None]
     x[0, :16] = 0
     if k > 32:
-        x[-1, 16:32] *= 1e-6  # the row's own scale makes this block's scale subnormal in e4m3
-    if rows > 2:
-        x[1] = torch.randint(-12, 13, (k,), generator=g) * 0.25  # midpoints of the e2m1 grid, at unit 1
+        x[-1, 16:32] *= 2e-5  # against the row's amax, this block's e4m3 scale is subnormal (about 2^-7)
+    if k > 48:
+        x[-1, 32:48] *= 1e-7  # and this one's below e4m3's least, 2^-9: clamped to it
     return x
 
 
@@ -635,6 +635,21 @@ def test_w4a4_rounds_inputs_as_modelopt_s_dynamic_nvfp4_and_to_the_nearest_grid_
         levels = torch.tensor(E2M1_VALUES)[None, None, None, :] * unit[..., None, None]
         nearest = (blocks[..., None] - levels).abs().min(-1).values
         assert torch.all((blocks - ref.unflatten(-1, (-1, 16))).abs() <= nearest + 1e-6 * unit[..., None])
+
+
+def test_w4a4_rounds_a_tie_to_the_even_code_as_modelopt_does():
+    """Inputs exactly between two e2m1 values, at a unit pinned exactly (a block whose amax is 6 units under
+    a power-of-two input_scale, so its e4m3 scale is 1): each tie goes to the even code, the lower value at
+    0.25, 1.25, 2.5 and 5 units, the upper at 0.75, 1.75 and 3.5."""
+    from elastic_local.quant.nvfp4 import round_to_nvfp4
+
+    unit = 2.0**-4
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    x = torch.cat([torch.tensor([6.0]), ties, -ties, torch.tensor([0.0])])[None] * unit
+    want = torch.cat([torch.tensor([6.0]), torch.tensor([0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0]),
+                      -torch.tensor([0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0]), torch.tensor([0.0])])[None] * unit
+    assert torch.equal(gemv.nvfp4_round(x, unit), want)
+    assert torch.equal(round_to_nvfp4(x, torch.tensor(unit)), want)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 7, 8, gemv.MAX_PACKED_ROWS])
