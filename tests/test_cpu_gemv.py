@@ -235,6 +235,22 @@ def test_every_fp8_code_and_nvfp4_code_decodes_exactly(layout):
                 torch.testing.assert_close(got, dense[:, i:i + rows].T, rtol=2e-7, atol=0)
 
 
+@pytest.mark.parametrize("inputs", [16, 48, 80, 144])
+def test_nvfp4_rows_four_at_a_time_take_every_leftover_row_count_and_short_tail(inputs, threads):
+    """gemv.c's rows_nvfp4: four weight rows a group, the last group's missing rows standing in as repeats,
+    and a row's last inputs % 64 decoded a block of each of four rows together; in whole rows and in a
+    budget's cut rows (ldw past the inputs read), for 1-3 rows of x (each row its own product)."""
+    w = weight((70, inputs + 32), seed=inputs)
+    full = quantize_nvfp4(w)
+    for r0, r1 in ((0, 70), (3, 4), (3, 5), (3, 6), (3, 7), (9, 66)):
+        for cols in (inputs, inputs + 32):
+            view = full.block(r0, r1, cols)
+            for rows in (1, 2, 3):
+                x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows + r1))
+                ref = F.linear(x, view.dequantize(torch.float32))
+                torch.testing.assert_close(view.linear(x), ref, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("quantize", [None, quantize_fp8, quantize_nvfp4])
 def test_budget_prefix_views_stream_without_copies(quantize):
     """A budget's block of a wider weight (rows r0:r1, the first `cols` inputs) is read in place."""

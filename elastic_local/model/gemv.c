@@ -213,36 +213,15 @@ static inline unsigned subnormals_on(void) {
     return csr;
 }
 
-static inline __m128i e2m1_lut(void) { /* e2m1 code -> the high byte of its fp16 (of value / 2^14) */
-    return _mm_setr_epi8(0x00, 0x02, 0x04, 0x06, 0x08, 0x0A, 0x0C, 0x0E, (char)0x80, (char)0x82, (char)0x84,
-                         (char)0x86, (char)0x88, (char)0x8A, (char)0x8C, (char)0x8E);
-}
-
-/* One block of 16 e2m1 codes (8 bytes) -> the high bytes of their fp16s, the 8 even inputs' codes first,
-   then the 8 odd ones'. An e2m1 code's fp16 has bits only in its high byte, so one byte shuffle decodes
-   the block; unpacking it under zero bytes gives the fp16s. */
-static inline __m128i e2m1_high_bytes(__m128i bytes) {
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    __m128i codes = _mm_unpacklo_epi64(_mm_and_si128(bytes, low4), _mm_and_si128(_mm_srli_epi16(bytes, 4), low4));
-    return _mm_shuffle_epi8(e2m1_lut(), codes);
-}
-
-static inline __m256 even_f16(__m128i high) { return _mm256_cvtph_ps(_mm_unpacklo_epi8(_mm_setzero_si128(), high)); }
-static inline __m256 odd_f16(__m128i high) { return _mm256_cvtph_ps(_mm_unpackhi_epi8(_mm_setzero_si128(), high)); }
-
-/* One block times its 16 inputs; x comes with each block of 16 permuted: even inputs, then odd. */
-static inline __m256 block_nvfp4(const float *x, __m128i bytes) {
-    __m128i high = e2m1_high_bytes(bytes);
-    return _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), odd_f16(high), _mm256_mul_ps(_mm256_loadu_ps(x), even_f16(high)));
-}
-
-/* 64 e2m1 codes (32 bytes: four blocks of 16) -> their values / 2^14 as float32, in eight vectors: v[0..3]
-   hold block 0 in their low lanes and block 2 in their high ones, v[4..7] blocks 1 and 3, the inputs in
-   the order permute64 gives x. Two byte shuffles give each code's bf16 (its high and its low byte), which
+/* 64 e2m1 codes (32 bytes: four blocks of 16, each 8 bytes) -> their values / 2^14 as float32, in eight
+   vectors: v[0..3] hold block 0 in their low lanes and block 2 in their high ones, v[4..7] blocks 1 and 3,
+   the inputs in the order permute64 gives x. Within a block, input 4 i + 2 odd + nib lands in vector
+   2 nib + odd, element i of the block's four; the four blocks may come from four rows (rows_nvfp4's last
+   K % 64). Two byte shuffles give each code's bf16 (its high and its low byte), which
    interleave into 16-bit lanes, and each 32-bit pair of bf16s gives two floats by a shift and a mask (as
    in bf16_panel_row): no fp16 conversion, which is slow on this project's CPU (AMD Zen 1; docs/decode-speed.md, "FP8
    and NVFP4 decode without the fp16 conversion"). */
-static inline void e2m1x64(const uint8_t *w, __m256 v[8]) {
+static inline void e2m1x64(__m256i bytes, __m256 v[8]) {
     const __m256i high_bytes = _mm256_setr_epi8(
         0x00, 0x38, 0x38, 0x38, 0x39, 0x39, 0x39, 0x39, (char)0x80, (char)0xB8, (char)0xB8, (char)0xB8, (char)0xB9,
         (char)0xB9, (char)0xB9, (char)0xB9, 0x00, 0x38, 0x38, 0x38, 0x39, 0x39, 0x39, 0x39, (char)0x80, (char)0xB8,
@@ -251,8 +230,7 @@ static inline void e2m1x64(const uint8_t *w, __m256 v[8]) {
         0x00, 0x00, (char)0x80, (char)0xC0, 0x00, 0x40, (char)0x80, (char)0xC0, 0x00, 0x00, (char)0x80, (char)0xC0, 0x00,
         0x40, (char)0x80, (char)0xC0, 0x00, 0x00, (char)0x80, (char)0xC0, 0x00, 0x40, (char)0x80, (char)0xC0, 0x00, 0x00,
         (char)0x80, (char)0xC0, 0x00, 0x40, (char)0x80, (char)0xC0);
-    const __m256i bytes = _mm256_loadu_si256((const __m256i *)w), low4 = _mm256_set1_epi8(0x0F),
-                  high = _mm256_set1_epi32((int)0xFFFF0000);
+    const __m256i low4 = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi32((int)0xFFFF0000);
     const __m256i codes[2] = {_mm256_and_si256(bytes, low4), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4)};
     for (int nib = 0; nib < 2; nib++) { /* low nibbles (even inputs), then high */
         const __m256i h = _mm256_shuffle_epi8(high_bytes, codes[nib]), l = _mm256_shuffle_epi8(low_bytes, codes[nib]);
@@ -293,28 +271,58 @@ static inline __m256 lane_scales(uint8_t low, uint8_t high) {
     return _mm256_set_m128(_mm_broadcast_ss(e4m3_values + high), _mm_broadcast_ss(e4m3_values + low));
 }
 
-/* x comes permuted (permute_nvfp4): each whole block of 64 inputs in e2m1x64's order, the last K % 64 a block of
-   16 at a time, even inputs then odd. */
-static inline float dot_nvfp4(const float *x, const uint8_t *w, const uint8_t *scales, int64_t K) { /* * 2^-22 */
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int64_t k = 0;
-    for (; k + 64 <= K; k += 64) { /* blocks 0 and 2 summed before their scales, then 1 and 3 */
-        __m256 v[8];
-        e2m1x64(w + k / 2, v);
-        const float *xb = x + k;
-        const uint8_t *s = scales + k / 16;
-        __m256 p = _mm256_mul_ps(_mm256_loadu_ps(xb), v[0]), q = _mm256_mul_ps(_mm256_loadu_ps(xb + 32), v[4]);
-        for (int j = 1; j < 4; j++) {
-            p = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8 * j), v[j], p);
-            q = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 32 + 8 * j), v[4 + j], q);
-        }
-        a0 = _mm256_fmadd_ps(p, lane_scales(s[0], s[2]), a0);
-        a1 = _mm256_fmadd_ps(q, lane_scales(s[1], s[3]), a1);
+/* 64 weights of one row (32 bytes, their four scales) times x's 64 inputs, added to acc * 2^22. */
+static inline __m256 chunk_nvfp4(const float *x, const uint8_t *w, const uint8_t *s, __m256 acc) {
+    __m256 v[8];
+    e2m1x64(_mm256_loadu_si256((const __m256i *)w), v);
+    __m256 p = _mm256_mul_ps(_mm256_loadu_ps(x), v[0]), q = _mm256_mul_ps(_mm256_loadu_ps(x + 32), v[4]);
+    for (int j = 1; j < 4; j++) { /* blocks 0 and 2 summed before their scales, then 1 and 3 */
+        p = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8 * j), v[j], p);
+        q = _mm256_fmadd_ps(_mm256_loadu_ps(x + 32 + 8 * j), v[4 + j], q);
     }
-    for (; k < K; k += 16) /* K is a multiple of 16 */
-        a0 = _mm256_fmadd_ps(block_nvfp4(x + k, _mm_loadl_epi64((const __m128i *)(w + k / 2))),
-                             _mm256_broadcast_ss(e4m3_values + scales[k / 16]), a0);
-    return hsum(_mm256_add_ps(a0, a1));
+    return _mm256_fmadd_ps(q, lane_scales(s[1], s[3]), _mm256_fmadd_ps(p, lane_scales(s[0], s[2]), acc));
+}
+
+/* Four weight rows, at w + at[r] (their scales at scales + as[r]), times one row of x: out[r] = the row's
+   dot product * 2^-22. x comes permuted (permute_nvfp4): each whole block of 64 inputs in e2m1x64's order,
+   then the last K % 64 a block of 16 at a time, each in the order e2m1x64 leaves one block in (four floats
+   per vector). The four rows' sums leave the registers together, and their last K % 64 decode together, a
+   block of each row in one e2m1x64: a budget's rows are often short (16-448 inputs on the demo), where a
+   sum per row and a block decoded alone through fp16 weighed (docs/decode-speed.md, "NVFP4 rows four at a
+   time"). */
+static void rows_nvfp4(const float *x, const uint8_t *w, const uint8_t *scales, const int64_t at[4],
+                       const int64_t as[4], int64_t K, float out[4]) {
+    const int64_t K64 = K / 64 * 64;
+    __m256 a[4];
+    for (int r = 0; r < 4; r++) { /* a row at a time: four sums live through the loop would not fit the registers */
+        a[r] = _mm256_setzero_ps();
+        for (int64_t k = 0; k < K64; k += 64) a[r] = chunk_nvfp4(x + k, w + at[r] + k / 2, scales + as[r] + k / 16, a[r]);
+    }
+    int64_t k = K64;
+    if (k < K) { /* K is a multiple of 16: rows 0 and 2 in t02's low and high lanes, 1 and 3 in t13's */
+        __m256 t02 = _mm256_setzero_ps(), t13 = _mm256_setzero_ps();
+        for (; k < K; k += 16) {
+            const uint8_t *c = w + k / 2, *s = scales + k / 16;
+            __m256 v[8], p = _mm256_setzero_ps(), q = _mm256_setzero_ps();
+            e2m1x64(_mm256_set_m128i(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(c + at[2])),
+                                                        _mm_loadl_epi64((const __m128i *)(c + at[3]))),
+                                     _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(c + at[0])),
+                                                        _mm_loadl_epi64((const __m128i *)(c + at[1])))), v);
+            for (int j = 0; j < 4; j++) {
+                const __m256 xj = _mm256_broadcast_ps((const __m128 *)(x + k + 4 * j));
+                p = _mm256_fmadd_ps(xj, v[j], p);
+                q = _mm256_fmadd_ps(xj, v[4 + j], q);
+            }
+            t02 = _mm256_fmadd_ps(p, lane_scales(s[as[0]], s[as[2]]), t02);
+            t13 = _mm256_fmadd_ps(q, lane_scales(s[as[1]], s[as[3]]), t13);
+        }
+        a[0] = _mm256_add_ps(a[0], _mm256_zextps128_ps256(_mm256_castps256_ps128(t02)));
+        a[1] = _mm256_add_ps(a[1], _mm256_zextps128_ps256(_mm256_castps256_ps128(t13)));
+        a[2] = _mm256_add_ps(a[2], _mm256_zextps128_ps256(_mm256_extractf128_ps(t02, 1)));
+        a[3] = _mm256_add_ps(a[3], _mm256_zextps128_ps256(_mm256_extractf128_ps(t13, 1)));
+    }
+    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
 }
 
 /* Several rows of x: a weight row is decoded once into `out` (float32, the x order) and every row of x
@@ -333,16 +341,16 @@ static inline void decode_nvfp4(const uint8_t *w, const uint8_t *scales, int64_t
     int64_t k = 0;
     for (; k + 64 <= K; k += 64) {
         __m256 v[8];
-        e2m1x64(w + k / 2, v);
+        e2m1x64(_mm256_loadu_si256((const __m256i *)(w + k / 2)), v);
         const uint8_t *s = scales + k / 16;
         const __m256 s02 = lane_scales(s[0], s[2]), s13 = lane_scales(s[1], s[3]);
         for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + k + 8 * j, _mm256_mul_ps(j < 4 ? s02 : s13, v[j]));
     }
-    for (; k < K; k += 16) {
-        __m128i high = e2m1_high_bytes(_mm_loadl_epi64((const __m128i *)(w + k / 2)));
-        __m256 s = _mm256_broadcast_ss(e4m3_values + scales[k / 16]);
-        _mm256_storeu_ps(out + k, _mm256_mul_ps(s, even_f16(high)));
-        _mm256_storeu_ps(out + k + 8, _mm256_mul_ps(s, odd_f16(high)));
+    for (; k < K; k += 16) { /* a block alone: the low lanes of v[0..3] */
+        __m256 v[8];
+        e2m1x64(_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(w + k / 2))), v);
+        const __m128 s = _mm_broadcast_ss(e4m3_values + scales[k / 16]);
+        for (int j = 0; j < 4; j++) _mm_storeu_ps(out + k + 4 * j, _mm_mul_ps(s, _mm256_castps256_ps128(v[j])));
     }
 }
 
@@ -1041,6 +1049,14 @@ static inline void prefetch(const uint8_t *row, int64_t bytes) {
     for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch((const char *)row + b, _MM_HINT_T0);
 }
 
+/* The NVFP4 rows n + AHEAD .. n + AHEAD + 3 (those before n1), codes and scales: out of line, since inlined
+   beside rows_nvfp4 its loops cost short rows' products 1.1-1.3x in the caches (scratch, one thread: 16-80
+   inputs), and out of line nearly nothing. */
+__attribute__((noinline)) static void prefetch_nvfp4(const uint8_t *w, const uint8_t *scales, int64_t ldw,
+                                                     int64_t lds, int64_t K, int64_t n, int64_t n1) {
+    for (int64_t r = n + AHEAD; r < n + AHEAD + 4 && r < n1; r++) prefetch(w + r * ldw, K / 2), prefetch(scales + r * lds, K / 16);
+}
+
 void part_bf16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t N, int64_t K, int64_t ldw,
                int64_t n0, int64_t n1) {
     if (M >= PANEL_MIN_ROWS && panels(PANEL_BF16, x, w, NULL, y, M, N, K, ldw * 2, 0, 1.f, n0, n1)) return;
@@ -1073,15 +1089,16 @@ void part_fp8(const float *x, const uint8_t *w, float *y, int64_t M, int64_t N, 
 }
 
 /* x [M, K] permuted for part_nvfp4, row by row: each whole block of 64 inputs in e2m1x64's order (permute64),
-   the last K % 64 in blocks of 16, even inputs then odd. */
+   the last K % 64 in blocks of 16, each in the order e2m1x64 leaves one block in. */
 void permute_nvfp4(const float *x, float *xp, int64_t M, int64_t K) {
     for (int64_t m = 0; m < M; m++) {
         const float *r = x + m * K;
         float *o = xp + m * K;
         int64_t k = 0;
         for (; k + 64 <= K; k += 64) permute64(r + k, o + k);
-        for (; k < K; k += 16)
-            for (int j = 0; j < 8; j++) o[k + j] = r[k + 2 * j], o[k + 8 + j] = r[k + 2 * j + 1];
+        for (; k < K; k += 16) /* a block: vector 2 nib + odd, element i holds input 4 i + 2 odd + nib */
+            for (int u = 0; u < 4; u++)
+                for (int i = 0; i < 4; i++) o[k + 4 * u + i] = r[k + 4 * i + 2 * (u & 1) + (u >> 1)];
     }
 }
 
@@ -1108,9 +1125,16 @@ void part_nvfp4(const float *xp, const uint8_t *w, const uint8_t *scales, float 
                 int64_t K, int64_t ldw, int64_t lds, float scale, int64_t n0, int64_t n1) {
     scale *= 16384.f * 256.f;
     if (M >= PANEL_MIN_ROWS && panels(PANEL_NVFP4, xp, w, scales, y, M, N, K, ldw, lds, scale, n0, n1)) return;
-    for (int64_t n = n0; n < n1; n++) { /* each row of x the one-row product (see the file's top) */
-        if (n + AHEAD < n1) prefetch(w + (n + AHEAD) * ldw, K / 2), prefetch(scales + (n + AHEAD) * lds, K / 16);
-        for (int64_t m = 0; m < M; m++) y[m * N + n] = dot_nvfp4(xp + m * K, w + n * ldw, scales + n * lds, K) * scale;
+    for (int64_t n = n0; n < n1; n += 4) { /* four rows at a time (the last group's missing ones repeat its first) */
+        const int R = n1 - n < 4 ? (int)(n1 - n) : 4;
+        int64_t at[4], as[4];
+        for (int r = 0; r < 4; r++) at[r] = (r < R ? r : 0) * ldw, as[r] = (r < R ? r : 0) * lds;
+        prefetch_nvfp4(w, scales, ldw, lds, K, n, n1);
+        for (int64_t m = 0; m < M; m++) {
+            float out[4];
+            rows_nvfp4(xp + m * K, w + n * ldw, scales + n * lds, at, as, K, out);
+            for (int r = 0; r < R; r++) y[m * N + n + r] = out[r] * scale;
+        }
     }
 }
 
@@ -1373,8 +1397,7 @@ static void part_nvfp4_a4(const int8_t *xq, const float *xs, const int32_t *xc, 
     for (int64_t n = n0; n < n1; n += 4) {
         const int R = n1 - n < 4 ? (int)(n1 - n) : 4;
         if (K / 2 < ldw) /* a budget's cut rows (whole rows stream: prefetching them cost 1.0-1.2x in the caches) */
-            for (int r = 0; r < R; r++)
-                if (n + r + AHEAD < n1) prefetch(w + (n + r + AHEAD) * ldw, K / 2), prefetch(scales + (n + r + AHEAD) * lds, K / 16);
+            prefetch_nvfp4(w, scales, ldw, lds, K, n, n1);
         float out[4];
         switch (R) {
         case 4: rows_a4(4, xq, xs, xc, w + n * ldw, scales + n * lds, ldw, lds, K, out); break;
