@@ -238,17 +238,23 @@ def test_every_fp8_code_and_nvfp4_code_decodes_exactly(layout):
 @pytest.mark.parametrize("inputs", [16, 48, 80, 144])
 def test_nvfp4_rows_four_at_a_time_take_every_leftover_row_count_and_short_tail(inputs, threads):
     """gemv.c's rows_nvfp4: four weight rows a group, the last group's missing rows standing in as repeats,
-    and a row's last inputs % 64 decoded a block of each of four rows together; in whole rows and in a
-    budget's cut rows (ldw past the inputs read), for 1-3 rows of x (each row its own product)."""
+    and a row's last inputs % 64 decoded a block of each of four rows together; rows of fewer than 64 inputs
+    eight a group (short_rows_nvfp4); in whole rows and in a budget's cut rows (ldw past the inputs read),
+    1-8 rows and more, for 1-3 rows of x (each row its own product); and W4A4's integer kernels alike."""
+    from elastic_local.quant.nvfp4 import round_to_nvfp4
+
     w = weight((70, inputs + 32), seed=inputs)
-    full = quantize_nvfp4(w)
-    for r0, r1 in ((0, 70), (3, 4), (3, 5), (3, 6), (3, 7), (9, 66)):
+    full, w4a4 = quantize_nvfp4(w), quantize_nvfp4(w)
+    w4a4.quantize_inputs = True  # the same kernels' integer twins (short_rows_a4, rows_a4)
+    for r0, r1 in ((0, 70), *((3, 3 + rows) for rows in range(1, 9)), (9, 66)):
         for cols in (inputs, inputs + 32):
-            view = full.block(r0, r1, cols)
+            view, view4 = full.block(r0, r1, cols), w4a4.block(r0, r1, cols)
             for rows in (1, 2, 3):
                 x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows + r1))
                 ref = F.linear(x, view.dequantize(torch.float32))
                 torch.testing.assert_close(view.linear(x), ref, rtol=1e-5, atol=1e-5)
+                ref = round_to_nvfp4(x, None).double() @ view4.dequantize(torch.float64).T
+                assert torch.allclose(view4.linear(x).double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
 
 
 @pytest.mark.parametrize("quantize", [None, quantize_fp8, quantize_nvfp4])

@@ -1120,11 +1120,63 @@ void permute_nvfp4_bf16(const uint16_t *x, uint16_t *xp, int64_t M, int64_t K, f
     }
 }
 
+/* A block of 16 inputs of four rows (codes at c[0..3] + k / 2, scales at s[0..3] + k / 16) times x's block:
+   rows 0 and 2 added into *t02's low and high lanes (four partial sums each), rows 1 and 3 into *t13's. */
+static inline __attribute__((always_inline)) void four_blocks(const float *x, const uint8_t *const c[4],
+                                                              const uint8_t *const s[4], int64_t k, __m256 *t02,
+                                                              __m256 *t13) {
+    __m256 v[8], p = _mm256_setzero_ps(), o = _mm256_setzero_ps();
+    e2m1x64(_mm256_set_m128i(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(c[2] + k / 2)),
+                                                _mm_loadl_epi64((const __m128i *)(c[3] + k / 2))),
+                             _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(c[0] + k / 2)),
+                                                _mm_loadl_epi64((const __m128i *)(c[1] + k / 2)))), v);
+    for (int j = 0; j < 4; j++) {
+        const __m256 xj = _mm256_broadcast_ps((const __m128 *)(x + k + 4 * j));
+        p = _mm256_fmadd_ps(xj, v[j], p);
+        o = _mm256_fmadd_ps(xj, v[4 + j], o);
+    }
+    *t02 = _mm256_fmadd_ps(p, lane_scales(s[0][k / 16], s[2][k / 16]), *t02);
+    *t13 = _mm256_fmadd_ps(o, lane_scales(s[1][k / 16], s[3][k / 16]), *t13);
+}
+
+/* Rows of fewer than 64 inputs (K 16, 32 or 48: a small budget's down projections), eight at a time, their
+   eight sums leaving the registers as one vector. y[0..R) = the dot products * scale (rows past R: row 0
+   again, not stored). */
+static void short_rows_nvfp4(const float *x, const uint8_t *w, const uint8_t *scales, int64_t ldw, int64_t lds,
+                             int64_t K, int R, float scale, float *y) {
+    const uint8_t *c[8], *sc[8];
+    for (int r = 0; r < 8; r++) c[r] = w + (r < R ? r : 0) * ldw, sc[r] = scales + (r < R ? r : 0) * lds;
+    __m256 t0 = _mm256_setzero_ps(), t1 = _mm256_setzero_ps(), t2 = _mm256_setzero_ps(), t3 = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+        four_blocks(x, c, sc, k, &t0, &t1);
+        four_blocks(x, c + 4, sc + 4, k, &t2, &t3);
+    }
+    /* rows 0 1 | 2 3 in pairs of partial sums, with rows 4-7's: 0 1 4 5 | 2 3 6 7 */
+    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(t0, t1), _mm256_hadd_ps(t2, t3));
+    const __m256 sums = _mm256_mul_ps(_mm256_permutevar8x32_ps(u, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7)),
+                                      _mm256_set1_ps(scale));
+    if (R == 8) _mm256_storeu_ps(y, sums);
+    else {
+        float out[8];
+        _mm256_storeu_ps(out, sums);
+        memcpy(y, out, sizeof(float) * R);
+    }
+}
+
 /* K % 16 == 0; w [N, ldw bytes], scales [N, lds bytes]; xp from permute_nvfp4. */
 void part_nvfp4(const float *xp, const uint8_t *w, const uint8_t *scales, float *y, int64_t M, int64_t N,
                 int64_t K, int64_t ldw, int64_t lds, float scale, int64_t n0, int64_t n1) {
     scale *= 16384.f * 256.f;
     if (M >= PANEL_MIN_ROWS && panels(PANEL_NVFP4, xp, w, scales, y, M, N, K, ldw, lds, scale, n0, n1)) return;
+    if (K < 64) {
+        for (int64_t n = n0; n < n1; n += 8) {
+            prefetch_nvfp4(w, scales, ldw, lds, K, n, n1), prefetch_nvfp4(w, scales, ldw, lds, K, n + 4, n1);
+            for (int64_t m = 0; m < M; m++)
+                short_rows_nvfp4(xp + m * K, w + n * ldw, scales + n * lds, ldw, lds, K,
+                                 n1 - n < 8 ? (int)(n1 - n) : 8, scale, y + m * N + n);
+        }
+        return;
+    }
     for (int64_t n = n0; n < n1; n += 4) { /* four rows at a time (the last group's missing ones repeat its first) */
         const int R = n1 - n < 4 ? (int)(n1 - n) : 4;
         int64_t at[4], as[4];
@@ -1388,12 +1440,69 @@ static inline void rows_a4(int R, const int8_t *xq, const float *xs, const int32
     }
 }
 
+/* A block of 16 inputs of four rows (codes at c[0..3] + k / 2, scales at s[0..3] + k / 16; k < 64, so the
+   block's x scale and sum are b = k / 16's) times x's block, added into acc: each row's two 32-bit lanes
+   (bytes 0-3 and 4-7 of its block) in order, x's 12 * sum off each row's first lane. */
+static inline __attribute__((always_inline)) __m256 four_blocks_a4(const int8_t *xq, const float *xs,
+                                                                   const int32_t *xc, const uint8_t *const c[4],
+                                                                   const uint8_t *const s[4], int64_t k, __m256 acc) {
+    const __m256i shifted = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                             12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i bytes = _mm256_set_m128i(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(c[2] + k / 2)),
+                                                              _mm_loadl_epi64((const __m128i *)(c[3] + k / 2))),
+                                           _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(c[0] + k / 2)),
+                                                              _mm_loadl_epi64((const __m128i *)(c[1] + k / 2))));
+    int64_t even, odd; /* x's 8 even and 8 odd doubled values, for every row's block */
+    memcpy(&even, xq + k, 8), memcpy(&odd, xq + k + 8, 8);
+    const __m256i pairs = _mm256_add_epi16(
+        _mm256_maddubs_epi16(_mm256_shuffle_epi8(shifted, _mm256_and_si256(bytes, low4)), _mm256_set1_epi64x(even)),
+        _mm256_maddubs_epi16(_mm256_shuffle_epi8(shifted, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4)),
+                             _mm256_set1_epi64x(odd)));
+    const int64_t b = k / 16;
+    const __m256i sums = _mm256_sub_epi32(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)),
+                                          _mm256_set1_epi64x((int64_t)(uint32_t)xc[b]));
+    const float s0 = e4m3_values[s[0][b]], s1 = e4m3_values[s[1][b]], s2 = e4m3_values[s[2][b]],
+                s3 = e4m3_values[s[3][b]];
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums),
+                           _mm256_mul_ps(_mm256_setr_ps(s0, s0, s1, s1, s2, s2, s3, s3), _mm256_set1_ps(xs[b])), acc);
+}
+
+/* Rows of fewer than 64 inputs, eight at a time, as short_rows_nvfp4: y[0..R) = the dot products * scale. */
+static void short_rows_a4(const int8_t *xq, const float *xs, const int32_t *xc, const uint8_t *w,
+                          const uint8_t *scales, int64_t ldw, int64_t lds, int64_t K, int R, float scale, float *y) {
+    const uint8_t *c[8], *sc[8];
+    for (int r = 0; r < 8; r++) c[r] = w + (r < R ? r : 0) * ldw, sc[r] = scales + (r < R ? r : 0) * lds;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+        a0 = four_blocks_a4(xq, xs, xc, c, sc, k, a0);
+        a1 = four_blocks_a4(xq, xs, xc, c + 4, sc + 4, k, a1);
+    }
+    const __m256 sums = _mm256_mul_ps(_mm256_permutevar8x32_ps(_mm256_hadd_ps(a0, a1), /* rows 0 1 4 5 | 2 3 6 7 */
+                                                               _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7)),
+                                      _mm256_set1_ps(scale));
+    if (R == 8) _mm256_storeu_ps(y, sums);
+    else {
+        float out[8];
+        _mm256_storeu_ps(out, sums);
+        memcpy(y, out, sizeof(float) * R);
+    }
+}
+
 /* y[n0:n1] = x W[n0:n1]^T for one row of x given as nvfp4_inputs left it; `scale` the two float scales'
    product. */
 static void part_nvfp4_a4(const int8_t *xq, const float *xs, const int32_t *xc, const uint8_t *w,
                           const uint8_t *scales, float *y, int64_t K, int64_t ldw, int64_t lds, float scale,
                           int64_t n0, int64_t n1) {
     scale *= 64.f; /* (2 w)(2 x) and the weight scales' 2^-8 */
+    if (K < 64) {
+        for (int64_t n = n0; n < n1; n += 8) {
+            if (K / 2 < ldw) prefetch_nvfp4(w, scales, ldw, lds, K, n, n1), prefetch_nvfp4(w, scales, ldw, lds, K, n + 4, n1);
+            short_rows_a4(xq, xs, xc, w + n * ldw, scales + n * lds, ldw, lds, K, n1 - n < 8 ? (int)(n1 - n) : 8, scale,
+                          y + n);
+        }
+        return;
+    }
     for (int64_t n = n0; n < n1; n += 4) {
         const int R = n1 - n < 4 ? (int)(n1 - n) : 4;
         if (K / 2 < ldw) /* a budget's cut rows (whole rows stream: prefetching them cost 1.0-1.2x in the caches) */
