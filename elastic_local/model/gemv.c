@@ -1139,28 +1139,40 @@ static inline __attribute__((always_inline)) void four_blocks(const float *x, co
     *t13 = _mm256_fmadd_ps(o, lane_scales(s[1][k / 16], s[3][k / 16]), *t13);
 }
 
+/* Short rows eight at a time (short_rows_nvfp4, short_rows_a4): the group's codes and scales, the rows past
+   R standing in as row 0 again; and its eight sums, paired as two rows a lane in the order 0 1 4 5 | 2 3 6 7,
+   times scale into y[0..R). */
+static inline void eight_rows(const uint8_t *w, const uint8_t *scales, int64_t ldw, int64_t lds, int R,
+                              const uint8_t *c[8], const uint8_t *sc[8]) {
+    for (int r = 0; r < 8; r++) c[r] = w + (r < R ? r : 0) * ldw, sc[r] = scales + (r < R ? r : 0) * lds;
+}
+
+static inline void eight_sums(__m256 paired, float scale, int R, float *y) {
+    const __m256 sums = _mm256_mul_ps(_mm256_permutevar8x32_ps(paired, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7)),
+                                      _mm256_set1_ps(scale));
+    if (R == 8) {
+        _mm256_storeu_ps(y, sums);
+    } else {
+        float out[8];
+        _mm256_storeu_ps(out, sums);
+        memcpy(y, out, sizeof(float) * R);
+    }
+}
+
 /* Rows of fewer than 64 inputs (K 16, 32 or 48: a small budget's down projections), eight at a time, their
    eight sums leaving the registers as one vector. y[0..R) = the dot products * scale (rows past R: row 0
    again, not stored). */
 static void short_rows_nvfp4(const float *x, const uint8_t *w, const uint8_t *scales, int64_t ldw, int64_t lds,
                              int64_t K, int R, float scale, float *y) {
     const uint8_t *c[8], *sc[8];
-    for (int r = 0; r < 8; r++) c[r] = w + (r < R ? r : 0) * ldw, sc[r] = scales + (r < R ? r : 0) * lds;
+    eight_rows(w, scales, ldw, lds, R, c, sc);
     __m256 t0 = _mm256_setzero_ps(), t1 = _mm256_setzero_ps(), t2 = _mm256_setzero_ps(), t3 = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += 16) {
         four_blocks(x, c, sc, k, &t0, &t1);
         four_blocks(x, c + 4, sc + 4, k, &t2, &t3);
     }
-    /* rows 0 1 | 2 3 in pairs of partial sums, with rows 4-7's: 0 1 4 5 | 2 3 6 7 */
-    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(t0, t1), _mm256_hadd_ps(t2, t3));
-    const __m256 sums = _mm256_mul_ps(_mm256_permutevar8x32_ps(u, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7)),
-                                      _mm256_set1_ps(scale));
-    if (R == 8) _mm256_storeu_ps(y, sums);
-    else {
-        float out[8];
-        _mm256_storeu_ps(out, sums);
-        memcpy(y, out, sizeof(float) * R);
-    }
+    /* rows 0 1 | 2 3 in pairs of partial sums, then with rows 4-7's */
+    eight_sums(_mm256_hadd_ps(_mm256_hadd_ps(t0, t1), _mm256_hadd_ps(t2, t3)), scale, R, y);
 }
 
 /* K % 16 == 0; w [N, ldw bytes], scales [N, lds bytes]; xp from permute_nvfp4. */
@@ -1472,21 +1484,13 @@ static inline __attribute__((always_inline)) __m256 four_blocks_a4(const int8_t 
 static void short_rows_a4(const int8_t *xq, const float *xs, const int32_t *xc, const uint8_t *w,
                           const uint8_t *scales, int64_t ldw, int64_t lds, int64_t K, int R, float scale, float *y) {
     const uint8_t *c[8], *sc[8];
-    for (int r = 0; r < 8; r++) c[r] = w + (r < R ? r : 0) * ldw, sc[r] = scales + (r < R ? r : 0) * lds;
+    eight_rows(w, scales, ldw, lds, R, c, sc);
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += 16) {
         a0 = four_blocks_a4(xq, xs, xc, c, sc, k, a0);
         a1 = four_blocks_a4(xq, xs, xc, c + 4, sc + 4, k, a1);
     }
-    const __m256 sums = _mm256_mul_ps(_mm256_permutevar8x32_ps(_mm256_hadd_ps(a0, a1), /* rows 0 1 4 5 | 2 3 6 7 */
-                                                               _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7)),
-                                      _mm256_set1_ps(scale));
-    if (R == 8) _mm256_storeu_ps(y, sums);
-    else {
-        float out[8];
-        _mm256_storeu_ps(out, sums);
-        memcpy(y, out, sizeof(float) * R);
-    }
+    eight_sums(_mm256_hadd_ps(a0, a1), scale, R, y);
 }
 
 /* y[n0:n1] = x W[n0:n1]^T for one row of x given as nvfp4_inputs left it; `scale` the two float scales'
