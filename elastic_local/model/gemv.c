@@ -1387,29 +1387,33 @@ static inline void scales_a4(const uint8_t *scales, const float *xs, __m256 *s0,
     *s1 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), _mm256_loadu_ps(xs + 8));
 }
 
-/* The last K % 64 inputs of two weight rows (w0's in the low 128-bit lane, w1's in the high one), a block of
-   16 (8 bytes a row) at a time: a row's low nibbles' 8 values, then its high nibbles', against x's 8 even
-   and 8 odd inputs; a block's 12 * sum of x comes off each lane's first element. Per lane, four partial
-   sums of its row, scaled. */
-static inline __m256 tails_a4(const int8_t *xq, const float *xs, const int32_t *xc, const uint8_t *w0,
-                              const uint8_t *w1, const uint8_t *s0, const uint8_t *s1, int64_t k, int64_t K) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1),
-                  shifted = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+/* A block of 16 inputs of four rows (codes at c[0..3] + k / 2, scales at s[0..3] + k / 16; x's block b of
+   nvfp4_inputs' last blocks) times x's block, added into acc: each row's two 32-bit lanes (bytes 0-3 and
+   4-7 of its block) in order, x's 12 * sum off each row's first lane. A row's last K % 64 (rows_a4) and
+   rows of fewer than 64 inputs (short_rows_a4). */
+static inline __attribute__((always_inline)) __m256 four_blocks_a4(const int8_t *xq, const float *xs,
+                                                                   const int32_t *xc, const uint8_t *const c[4],
+                                                                   const uint8_t *const s[4], int64_t k, int64_t b,
+                                                                   __m256 acc) {
+    const __m256i shifted = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
                                              12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = k / 8; k < K; k += 16, b++) {
-        const __m256i bytes = _mm256_set_m128i(_mm_loadl_epi64((const __m128i *)(w1 + k / 2)),
-                                               _mm_loadl_epi64((const __m128i *)(w0 + k / 2)));
-        const __m256i codes = _mm256_unpacklo_epi64(_mm256_and_si256(bytes, low4),
-                                                    _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4));
-        const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xq + k)));
-        const __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_shuffle_epi8(shifted, codes), x), ones);
-        const __m256 scale = _mm256_set_m128(_mm_set1_ps(e4m3_values[s1[k / 16]] * xs[b]),
-                                             _mm_set1_ps(e4m3_values[s0[k / 16]] * xs[b]));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sum, _mm256_setr_epi32(xc[b], 0, 0, 0, xc[b], 0, 0, 0))),
-                              scale, acc);
-    }
-    return acc;
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i bytes = _mm256_set_m128i(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(c[2] + k / 2)),
+                                                              _mm_loadl_epi64((const __m128i *)(c[3] + k / 2))),
+                                           _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(c[0] + k / 2)),
+                                                              _mm_loadl_epi64((const __m128i *)(c[1] + k / 2))));
+    int64_t even, odd; /* x's 8 even and 8 odd doubled values, for every row's block */
+    memcpy(&even, xq + k, 8), memcpy(&odd, xq + k + 8, 8);
+    const __m256i pairs = _mm256_add_epi16(
+        _mm256_maddubs_epi16(_mm256_shuffle_epi8(shifted, _mm256_and_si256(bytes, low4)), _mm256_set1_epi64x(even)),
+        _mm256_maddubs_epi16(_mm256_shuffle_epi8(shifted, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4)),
+                             _mm256_set1_epi64x(odd)));
+    const __m256i sums = _mm256_sub_epi32(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)),
+                                          _mm256_set1_epi64x((int64_t)(uint32_t)xc[b]));
+    const float s0 = e4m3_values[s[0][k / 16]], s1 = e4m3_values[s[1][k / 16]], s2 = e4m3_values[s[2][k / 16]],
+                s3 = e4m3_values[s[3][k / 16]];
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums),
+                           _mm256_mul_ps(_mm256_setr_ps(s0, s0, s1, s1, s2, s2, s3, s3), _mm256_set1_ps(xs[b])), acc);
 }
 
 /* R (1-4) weight rows, ldw bytes apart (their scales lds), times one row of x: out[r] = sum_k (2 w_k)(2 x_k)
@@ -1438,46 +1442,23 @@ static inline void rows_a4(int R, const int8_t *xq, const float *xs, const int32
         }
         k += 64;
     }
-    for (int r = 0; k < K && r < R; r += 2) { /* the last K % 64: rows in pairs (the last one with itself) */
-        const int64_t r1 = r + 1 < R ? r + 1 : r;
-        const __m256 t = tails_a4(xq, xs, xc, w + r * ldw, w + r1 * ldw, scales + r * lds, scales + r1 * lds, k, K);
-        acc[r] = _mm256_add_ps(acc[r], _mm256_zextps128_ps256(_mm256_castps256_ps128(t)));
-        if (r1 != r) acc[r1] = _mm256_add_ps(acc[r1], _mm256_zextps128_ps256(_mm256_extractf128_ps(t, 1)));
+    __m128 tail = _mm_setzero_ps(); /* the last K % 64 of the four rows (rows past R: row 0 again), together */
+    if (k < K) {
+        const uint8_t *c[4], *sc[4];
+        for (int r = 0; r < 4; r++) c[r] = w + (r < R ? r : 0) * ldw, sc[r] = scales + (r < R ? r : 0) * lds;
+        __m256 t = _mm256_setzero_ps();
+        for (int64_t b = k / 8; k < K; k += 16, b++) t = four_blocks_a4(xq, xs, xc, c, sc, k, b, t);
+        const __m256 pairs = _mm256_hadd_ps(t, t); /* rows 0 1 0 1 | 2 3 2 3 */
+        tail = _mm_shuffle_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1), 0x44);
     }
     if (R == 4) { /* the four sums at once */
         const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-        _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+        _mm_storeu_ps(out, _mm_add_ps(_mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)), tail));
     } else {
-        for (int r = 0; r < R; r++) out[r] = hsum(acc[r]);
+        float tails[4];
+        _mm_storeu_ps(tails, tail);
+        for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) + tails[r];
     }
-}
-
-/* A block of 16 inputs of four rows (codes at c[0..3] + k / 2, scales at s[0..3] + k / 16; k < 64, so the
-   block's x scale and sum are b = k / 16's) times x's block, added into acc: each row's two 32-bit lanes
-   (bytes 0-3 and 4-7 of its block) in order, x's 12 * sum off each row's first lane. */
-static inline __attribute__((always_inline)) __m256 four_blocks_a4(const int8_t *xq, const float *xs,
-                                                                   const int32_t *xc, const uint8_t *const c[4],
-                                                                   const uint8_t *const s[4], int64_t k, __m256 acc) {
-    const __m256i shifted = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
-                                             12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    const __m256i bytes = _mm256_set_m128i(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(c[2] + k / 2)),
-                                                              _mm_loadl_epi64((const __m128i *)(c[3] + k / 2))),
-                                           _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(c[0] + k / 2)),
-                                                              _mm_loadl_epi64((const __m128i *)(c[1] + k / 2))));
-    int64_t even, odd; /* x's 8 even and 8 odd doubled values, for every row's block */
-    memcpy(&even, xq + k, 8), memcpy(&odd, xq + k + 8, 8);
-    const __m256i pairs = _mm256_add_epi16(
-        _mm256_maddubs_epi16(_mm256_shuffle_epi8(shifted, _mm256_and_si256(bytes, low4)), _mm256_set1_epi64x(even)),
-        _mm256_maddubs_epi16(_mm256_shuffle_epi8(shifted, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4)),
-                             _mm256_set1_epi64x(odd)));
-    const int64_t b = k / 16;
-    const __m256i sums = _mm256_sub_epi32(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)),
-                                          _mm256_set1_epi64x((int64_t)(uint32_t)xc[b]));
-    const float s0 = e4m3_values[s[0][b]], s1 = e4m3_values[s[1][b]], s2 = e4m3_values[s[2][b]],
-                s3 = e4m3_values[s[3][b]];
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums),
-                           _mm256_mul_ps(_mm256_setr_ps(s0, s0, s1, s1, s2, s2, s3, s3), _mm256_set1_ps(xs[b])), acc);
 }
 
 /* Rows of fewer than 64 inputs, eight at a time, as short_rows_nvfp4: y[0..R) = the dot products * scale. */
@@ -1487,8 +1468,8 @@ static void short_rows_a4(const int8_t *xq, const float *xs, const int32_t *xc, 
     eight_rows(w, scales, ldw, lds, R, c, sc);
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += 16) {
-        a0 = four_blocks_a4(xq, xs, xc, c, sc, k, a0);
-        a1 = four_blocks_a4(xq, xs, xc, c + 4, sc + 4, k, a1);
+        a0 = four_blocks_a4(xq, xs, xc, c, sc, k, k / 16, a0);
+        a1 = four_blocks_a4(xq, xs, xc, c + 4, sc + 4, k, k / 16, a1);
     }
     eight_sums(_mm256_hadd_ps(a0, a1), scale, R, y);
 }
