@@ -235,12 +235,13 @@ def test_every_fp8_code_and_nvfp4_code_decodes_exactly(layout):
                 torch.testing.assert_close(got, dense[:, i:i + rows].T, rtol=2e-7, atol=0)
 
 
-@pytest.mark.parametrize("inputs", [16, 48, 80, 144])
+@pytest.mark.parametrize("inputs", [16, 32, 48, 80, 160])
 def test_nvfp4_rows_four_at_a_time_take_every_leftover_row_count_and_short_tail(inputs, threads):
     """gemv.c's rows_nvfp4: four weight rows a group, the last group's missing rows standing in as repeats,
     and a row's last inputs % 64 decoded a block of each of four rows together; rows of fewer than 64 inputs
     eight a group (short_rows_nvfp4); in whole rows and in a budget's cut rows (ldw past the inputs read),
-    1-8 rows and more, for 1-3 rows of x (each row its own product); and W4A4's integer kernels alike."""
+    1-8 rows and more, for 1-3 rows of x (each row its own product) and 5 (decode_nvfp4's panels: a row's last
+    1-3 blocks decoded together); and W4A4's integer kernels alike."""
     from elastic_local.quant.nvfp4 import round_to_nvfp4
 
     w = weight((70, inputs + 32), seed=inputs)
@@ -249,7 +250,7 @@ def test_nvfp4_rows_four_at_a_time_take_every_leftover_row_count_and_short_tail(
     for r0, r1 in ((0, 70), *((3, 3 + rows) for rows in range(1, 9)), (9, 66)):
         for cols in (inputs, inputs + 32):
             view, view4 = full.block(r0, r1, cols), w4a4.block(r0, r1, cols)
-            for rows in (1, 2, 3):
+            for rows in (1, 2, 3, 5):
                 x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows + r1))
                 ref = F.linear(x, view.dequantize(torch.float32))
                 torch.testing.assert_close(view.linear(x), ref, rtol=1e-5, atol=1e-5)

@@ -346,11 +346,18 @@ static inline void decode_nvfp4(const uint8_t *w, const uint8_t *scales, int64_t
         const __m256 s02 = lane_scales(s[0], s[2]), s13 = lane_scales(s[1], s[3]);
         for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + k + 8 * j, _mm256_mul_ps(j < 4 ? s02 : s13, v[j]));
     }
-    for (; k < K; k += 16) { /* a block alone: the low lanes of v[0..3] */
+    if (k < K) { /* the last 1-3 blocks in one e2m1x64: block i in its quarter i (v[4 (i & 1) ..]'s lane i / 2) */
+        uint8_t last[32] = {0};
+        memcpy(last, w + k / 2, (K - k) / 2);
         __m256 v[8];
-        e2m1x64(_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(w + k / 2))), v);
-        const __m128 s = _mm_broadcast_ss(e4m3_values + scales[k / 16]);
-        for (int j = 0; j < 4; j++) _mm_storeu_ps(out + k + 4 * j, _mm_mul_ps(s, _mm256_castps256_ps128(v[j])));
+        e2m1x64(_mm256_loadu_si256((const __m256i *)last), v);
+        for (int64_t i = 0; k < K; k += 16, i++) {
+            const __m128 s = _mm_broadcast_ss(e4m3_values + scales[k / 16]);
+            for (int j = 0; j < 4; j++) {
+                const __m256 b = v[4 * (i & 1) + j];
+                _mm_storeu_ps(out + k + 4 * j, _mm_mul_ps(s, i < 2 ? _mm256_castps256_ps128(b) : _mm256_extractf128_ps(b, 1)));
+            }
+        }
     }
 }
 
