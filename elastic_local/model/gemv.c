@@ -1174,10 +1174,8 @@ static void short_rows_nvfp4(const float *x, const uint8_t *w, const uint8_t *sc
     const uint8_t *c[8], *sc[8];
     eight_rows(w, scales, ldw, lds, R, c, sc);
     __m256 t0 = _mm256_setzero_ps(), t1 = _mm256_setzero_ps(), t2 = _mm256_setzero_ps(), t3 = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16) {
-        four_blocks(x, c, sc, k, &t0, &t1);
-        four_blocks(x, c + 4, sc + 4, k, &t2, &t3);
-    }
+    for (int64_t k = 0; k < K; k += 16) four_blocks(x, c, sc, k, &t0, &t1); /* rows 0-3, then 4-7: four sums */
+    for (int64_t k = 0; k < K; k += 16) four_blocks(x, c + 4, sc + 4, k, &t2, &t3); /* live would spill */
     /* rows 0 1 | 2 3 in pairs of partial sums, then with rows 4-7's */
     eight_sums(_mm256_hadd_ps(_mm256_hadd_ps(t0, t1), _mm256_hadd_ps(t2, t3)), scale, R, y);
 }
