@@ -539,6 +539,20 @@ def test_w4a4_decodes_what_torch_gives_on_inputs_rounded_to_nvfp4(nested_tails, 
         assert (got_logits - exact_logits).abs().max() > 1e-3, "the inputs were not rounded"
 
 
+def test_w4a4_reaches_every_nvfp4_weight_and_its_cached_budget_views(nested_tails):
+    """load's round_nvfp4_inputs walks the network (NemotronH.objects) into the weights' cached views too: a
+    view cut before it would otherwise keep multiplying unrounded inputs."""
+    from elastic_local.engine.load import round_nvfp4_inputs
+    from elastic_local.quant.nvfp4 import NVFP4Weight
+
+    m = elastic_local.load(nested_tails, precision="nvfp4")
+    weights = [w for w in m.net.objects() if isinstance(w, NVFP4Weight)]
+    views = [w.block(0, w.shape[0] // 2, 16) for w in weights]  # cached in each weight's _views
+    assert weights and not any(w.quantize_inputs for w in weights + views)
+    round_nvfp4_inputs(m.net, nested_tails)
+    assert all(w.quantize_inputs for w in weights + views)
+
+
 def test_w4a4_needs_nvfp4_weights_and_names_the_option(nested_tails):
     with pytest.raises(ValueError, match="--precision nvfp4"):
         elastic_local.load(nested_tails, activations="nvfp4")

@@ -121,27 +121,10 @@ def load(path: str | Path | None = None, budget: str | None = None, precision: s
 
 def round_nvfp4_inputs(net: NemotronH, path: Path) -> None:
     """Every NVFP4 weight of `net` rounds its inputs to NVFP4 (W4A4); an error where there are none."""
-    weights = [w for w in _objects(net) if isinstance(w, NVFP4Weight)]
+    weights = [w for w in net.objects(into_dicts=True) if isinstance(w, NVFP4Weight)]
     if not weights:
         raise ValueError(f"activations='nvfp4' rounds the inputs of NVFP4 weights, and {path} loaded none: "
                          "add --precision nvfp4")
     for w in weights:
         w.quantize_inputs = True
 
-
-def _objects(net: NemotronH):
-    """Every object the network's weights hold, once: NemotronH.tensors' walk from the same roots, into
-    dicts too (a weight's cached budget views), yielding the objects instead of their tensors."""
-    seen, todo = set(), [net.embed, net.layers, net.norm_f, net.lm_head]
-    while todo:
-        obj = todo.pop()
-        if id(obj) in seen or isinstance(obj, (torch.Tensor, type)):
-            continue
-        seen.add(id(obj))
-        yield obj
-        if isinstance(obj, (list, tuple)):
-            todo.extend(obj)
-        elif isinstance(obj, dict):
-            todo.extend(obj.values())
-        elif hasattr(obj, "__dict__"):
-            todo.extend(vars(obj).values())

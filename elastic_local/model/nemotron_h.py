@@ -8,7 +8,7 @@ fits inside it by slicing prefixes of those weights (see budget.py); nothing is 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field, fields
 from functools import partial
 
@@ -220,22 +220,36 @@ class NemotronH:
         cache.lengths = [n + 1 for n in cache.lengths]
         return logits
 
-    def tensors(self) -> list[torch.Tensor]:
-        """Every distinct tensor the resident weights hold, packed quantized ones included (for memory
-        accounting: `sum(t.nbytes for t in net.tensors())` is what the weights occupy). A loop, not a
-        recursive closure: that made a reference cycle through `seen`, which kept every tensor alive until
-        the cyclic collector ran (a load's replaced weights: 430 MiB more after loading bench_memory's model)."""
-        seen: dict[int, torch.Tensor] = {}
+    def objects(self, into_dicts: bool = False) -> Iterator[object]:
+        """Every object the resident weights hold, once each, tensors included, from the same roots; with
+        `into_dicts`, also what their dicts hold (a weight's cached budget views). A loop, not a recursive
+        closure: that made a reference cycle through `seen`, which kept every tensor alive until the cyclic
+        collector ran (a load's replaced weights: 430 MiB more after loading bench_memory's model)."""
+        seen: set[int] = set()
         todo: list = [self.embed, self.layers, self.norm_f, self.lm_head]
         while todo:
             obj = todo.pop()
+            if id(obj) in seen or isinstance(obj, type):
+                continue
+            seen.add(id(obj))
+            yield obj
             if isinstance(obj, torch.Tensor):
-                if obj.numel():
-                    seen.setdefault(obj.data_ptr(), obj)
-            elif isinstance(obj, (list, tuple)):
+                continue
+            if isinstance(obj, (list, tuple)):
                 todo.extend(reversed(obj))
-            elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+            elif isinstance(obj, dict):
+                if into_dicts:
+                    todo.extend(reversed(obj.values()))
+            elif hasattr(obj, "__dict__"):
                 todo.extend(reversed(vars(obj).values()))
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every distinct tensor the resident weights hold, packed quantized ones included (for memory
+        accounting: `sum(t.nbytes for t in net.tensors())` is what the weights occupy)."""
+        seen: dict[int, torch.Tensor] = {}
+        for obj in self.objects():
+            if isinstance(obj, torch.Tensor) and obj.numel():
+                seen.setdefault(obj.data_ptr(), obj)
         return list(seen.values())
 
     def transpose_weights(self, panels: bool = False) -> None:
