@@ -38,8 +38,10 @@ def test_a_faster_fewer_count_takes_over_and_the_other_is_timed_again_each_retim
     assert calls[0] == (2, 100)  # nothing timed: torch's count
     assert calls[1] == (1, int(EXPLORE_S / 200e-6))  # one thread, predicted 200 us a token: 2 ms of them
     on_two = [k for c, k in calls[2:] if c == 2]
-    # timed again after 1, 2 and 3 RETIME_S, for 2 ms at the pace one thread's predicts for two (60 us / 2)
-    assert len(on_two) == 3 and set(on_two) == {int(EXPLORE_S / 30e-6)}
+    # timed again at once (the count left), then after 1, 2 and 3 RETIME_S, each time for 2 ms at the pace
+    # one thread's predicts for two (60 us / 2)
+    assert calls[2] == (2, int(EXPLORE_S / 30e-6))
+    assert len(on_two) == 4 and set(on_two) == {int(EXPLORE_S / 30e-6)}
     calls, _ = drive(t, 2, {2: 40e-6, 1: 60e-6}, now, 3.5 * RETIME_S)  # the placement changed: two faster
     switched = next(i for i, (c, k) in enumerate(calls) if c == 2)
     assert sum(k for c, k in calls[:switched]) * 60e-6 <= RETIME_S + 0.01
@@ -60,6 +62,26 @@ def test_one_slow_call_on_the_count_in_use_hands_nothing_over():
     assert t.current == 2 and t.pick(2, 100, 0.08) == (2, 100)
     t.record(1, 40e-6, 1, 0.09 + RETIME_S)  # timed again: now it beats two threads' 50 us by a tenth
     assert t.current == 1
+
+
+def test_a_count_that_lost_on_its_windows_first_call_is_timed_again_at_once():
+    """Two threads' window opens with one slow call (cold caches, a team started after release_threads) and
+    one thread's timing beats it: two threads are timed again on the next call, not RETIME_S later, and take
+    back over at their real pace. One thread, left in turn, gets one timing more and no more."""
+    t = ThreadCounts()
+    t.record(2, 300e-6, 1, 0.0)  # three times two threads' real pace (50 us)
+    c, k = t.pick(2, 100, 0.001)
+    assert c == 1
+    t.record(1, k * 90e-6, k, 0.003)
+    assert t.current == 1
+    c, k = t.pick(2, 100, 0.004)
+    assert c == 2 and k < 100  # at once, for a timing
+    t.record(2, k * 50e-6, k, 0.005)
+    assert t.current == 2
+    c, k = t.pick(2, 100, 0.006)
+    assert c == 1 and k * 90e-6 <= EXPLORE_S
+    t.record(1, k * 90e-6, k, 0.008)
+    assert t.current == 2 and t.pick(2, 100, 0.009) == (2, 100) and t.pick(2, 100, 0.009 + RETIME_S / 2) == (2, 100)
 
 
 def test_a_timing_never_runs_past_explore_s():

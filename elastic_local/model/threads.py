@@ -40,7 +40,10 @@ class ThreadCounts:
     A count's pace is the fastest token it ran in its current window of RETIME_S: the machine's noise (a
     vCPU taken away mid-call, which leaves the other threads spinning at a meeting) only ever adds time, and
     a single slow call on the count in use must not hand the next second to a slower one. The count in use
-    changes only where a timing of another one beats its pace by a tenth (MARGIN)."""
+    changes only where a timing of another one beats its pace by a tenth (MARGIN). The count it leaves is
+    timed again at once (at most EXPLORE_S): its pace may be one slow first call's (cold caches, a team
+    started after `gemv.release_threads`), which would otherwise keep the slower count for RETIME_S.
+    """
 
     MARGIN = 0.9
 
@@ -80,4 +83,5 @@ class ThreadCounts:
         if self.current is None:
             self.current = count
         elif count != self.current and pace < self.MARGIN * self.token_s[self.current]:
+            self.timed.pop(self.current, None)  # timed again at once
             self.current = count
