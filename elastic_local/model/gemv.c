@@ -219,8 +219,8 @@ static inline unsigned subnormals_on(void) {
    2 nib + odd, element i of the block's four; the four blocks may come from four rows (rows_nvfp4's last
    K % 64). Two byte shuffles give each code's bf16 (its high and its low byte), which
    interleave into 16-bit lanes, and each 32-bit pair of bf16s gives two floats by a shift and a mask (as
-   in bf16_panel_row): no fp16 conversion, which is slow on this project's CPU (AMD Zen 1; docs/decode-speed.md, "FP8
-   and NVFP4 decode without the fp16 conversion"). */
+   in bf16_panel_row): no fp16 conversion, which ran slower on the Zen 1 and again on the Zen 3 (docs/decode-speed.md,
+   "FP8 and NVFP4 decode without the fp16 conversion", "The goals rerun at 7ce1ae2"). */
 static inline void e2m1x64(__m256i bytes, __m256 v[8]) {
     const __m256i high_bytes = _mm256_setr_epi8(
         0x00, 0x38, 0x38, 0x38, 0x39, 0x39, 0x39, 0x39, (char)0x80, (char)0xB8, (char)0xB8, (char)0xB8, (char)0xB9,
