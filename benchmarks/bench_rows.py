@@ -5,8 +5,9 @@
 Why: a small budget's rows are short (the demo's small budget reads rows of 16-80 inputs), and there a
 product of a few thousand weights takes about a microsecond: through `linear` the Python and ctypes
 around each call would be most of what is timed. `rows_harness.c` calls gemv.c's kernels directly, one
-thread, weights in the caches (8 copies cycled where they are small), and takes each kernel's fastest of
-REPS alternated call groups:
+thread, weights in the caches (8 copies cycled where they are small), whole rows (a budget's cut rows, read
+a stride apart with their prefetches, are not timed here), and takes each kernel's fastest of REPS
+alternated call groups:
     nvfp4   exact NVFP4 rows (permute_nvfp4 + part_nvfp4)
     w4a4    NVFP4 with x rounded to NVFP4 too (part_nvfp4_a4_rows, the rounding included)
     bf16    the same shape in bf16 column panels (panels_vec)

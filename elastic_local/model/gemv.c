@@ -283,39 +283,50 @@ static inline __m256 chunk_nvfp4(const float *x, const uint8_t *w, const uint8_t
     return _mm256_fmadd_ps(q, lane_scales(s[1], s[3]), _mm256_fmadd_ps(p, lane_scales(s[0], s[2]), acc));
 }
 
-/* Four weight rows, at w + at[r] (their scales at scales + as[r]), times one row of x: out[r] = the row's
-   dot product * 2^-22. x comes permuted (permute_nvfp4): each whole block of 64 inputs in e2m1x64's order,
-   then the last K % 64 a block of 16 at a time, each in the order e2m1x64 leaves one block in (four floats
-   per vector). The four rows' sums leave the registers together, and their last K % 64 decode together, a
-   block of each row in one e2m1x64: a budget's rows are often short (16-448 inputs on the demo), where a
+/* A group of G weight rows (four or eight) and their scales, ldw and lds bytes apart: the rows past R stand
+   in as row 0 again (read, summed, not stored), so every group runs the same code. */
+static inline void group_rows(int G, const uint8_t *w, const uint8_t *scales, int64_t ldw, int64_t lds, int R,
+                              const uint8_t *c[], const uint8_t *sc[]) {
+    for (int r = 0; r < G; r++) c[r] = w + (r < R ? r : 0) * ldw, sc[r] = scales + (r < R ? r : 0) * lds;
+}
+
+/* A block of 16 inputs of four rows (codes at c[0..3] + k / 2, scales at s[0..3] + k / 16) times x's block:
+   rows 0 and 2 added into *t02's low and high lanes (four partial sums each), rows 1 and 3 into *t13's. */
+static inline __attribute__((always_inline)) void four_blocks(const float *x, const uint8_t *const c[4],
+                                                              const uint8_t *const s[4], int64_t k, __m256 *t02,
+                                                              __m256 *t13) {
+    __m256 v[8], p = _mm256_setzero_ps(), o = _mm256_setzero_ps();
+    e2m1x64(_mm256_set_m128i(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(c[2] + k / 2)),
+                                                _mm_loadl_epi64((const __m128i *)(c[3] + k / 2))),
+                             _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(c[0] + k / 2)),
+                                                _mm_loadl_epi64((const __m128i *)(c[1] + k / 2)))), v);
+    for (int j = 0; j < 4; j++) {
+        const __m256 xj = _mm256_broadcast_ps((const __m128 *)(x + k + 4 * j));
+        p = _mm256_fmadd_ps(xj, v[j], p);
+        o = _mm256_fmadd_ps(xj, v[4 + j], o);
+    }
+    *t02 = _mm256_fmadd_ps(p, lane_scales(s[0][k / 16], s[2][k / 16]), *t02);
+    *t13 = _mm256_fmadd_ps(o, lane_scales(s[1][k / 16], s[3][k / 16]), *t13);
+}
+
+/* Four weight rows (codes at c[r], scales at sc[r]) times one row of x: out[r] = the row's dot product *
+   2^-22. x comes permuted (permute_nvfp4): each whole block of 64 inputs in e2m1x64's order, then the last
+   K % 64 a block of 16 at a time, each in the order e2m1x64 leaves one block in (four floats per vector).
+   The four rows' sums leave the registers together, and their last K % 64 decode together, a block of each
+   row in one e2m1x64 (four_blocks): a budget's rows are often short (16-448 inputs on the demo), where a
    sum per row and a block decoded alone through fp16 weighed (docs/decode-speed.md, "NVFP4 rows four at a
    time"). */
-static void rows_nvfp4(const float *x, const uint8_t *w, const uint8_t *scales, const int64_t at[4],
-                       const int64_t as[4], int64_t K, float out[4]) {
+static void rows_nvfp4(const float *x, const uint8_t *const c[4], const uint8_t *const sc[4], int64_t K,
+                       float out[4]) {
     const int64_t K64 = K / 64 * 64;
     __m256 a[4];
     for (int r = 0; r < 4; r++) { /* a row at a time: four sums live through the loop would not fit the registers */
         a[r] = _mm256_setzero_ps();
-        for (int64_t k = 0; k < K64; k += 64) a[r] = chunk_nvfp4(x + k, w + at[r] + k / 2, scales + as[r] + k / 16, a[r]);
+        for (int64_t k = 0; k < K64; k += 64) a[r] = chunk_nvfp4(x + k, c[r] + k / 2, sc[r] + k / 16, a[r]);
     }
-    int64_t k = K64;
-    if (k < K) { /* K is a multiple of 16: rows 0 and 2 in t02's low and high lanes, 1 and 3 in t13's */
+    if (K64 < K) { /* rows 0 and 2 in t02's low and high lanes, 1 and 3 in t13's */
         __m256 t02 = _mm256_setzero_ps(), t13 = _mm256_setzero_ps();
-        for (; k < K; k += 16) {
-            const uint8_t *c = w + k / 2, *s = scales + k / 16;
-            __m256 v[8], p = _mm256_setzero_ps(), q = _mm256_setzero_ps();
-            e2m1x64(_mm256_set_m128i(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(c + at[2])),
-                                                        _mm_loadl_epi64((const __m128i *)(c + at[3]))),
-                                     _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(c + at[0])),
-                                                        _mm_loadl_epi64((const __m128i *)(c + at[1])))), v);
-            for (int j = 0; j < 4; j++) {
-                const __m256 xj = _mm256_broadcast_ps((const __m128 *)(x + k + 4 * j));
-                p = _mm256_fmadd_ps(xj, v[j], p);
-                q = _mm256_fmadd_ps(xj, v[4 + j], q);
-            }
-            t02 = _mm256_fmadd_ps(p, lane_scales(s[as[0]], s[as[2]]), t02);
-            t13 = _mm256_fmadd_ps(q, lane_scales(s[as[1]], s[as[3]]), t13);
-        }
+        for (int64_t k = K64; k < K; k += 16) four_blocks(x, c, sc, k, &t02, &t13);
         a[0] = _mm256_add_ps(a[0], _mm256_zextps128_ps256(_mm256_castps256_ps128(t02)));
         a[1] = _mm256_add_ps(a[1], _mm256_zextps128_ps256(_mm256_castps256_ps128(t13)));
         a[2] = _mm256_add_ps(a[2], _mm256_zextps128_ps256(_mm256_extractf128_ps(t02, 1)));
@@ -1127,33 +1138,8 @@ void permute_nvfp4_bf16(const uint16_t *x, uint16_t *xp, int64_t M, int64_t K, f
     }
 }
 
-/* A block of 16 inputs of four rows (codes at c[0..3] + k / 2, scales at s[0..3] + k / 16) times x's block:
-   rows 0 and 2 added into *t02's low and high lanes (four partial sums each), rows 1 and 3 into *t13's. */
-static inline __attribute__((always_inline)) void four_blocks(const float *x, const uint8_t *const c[4],
-                                                              const uint8_t *const s[4], int64_t k, __m256 *t02,
-                                                              __m256 *t13) {
-    __m256 v[8], p = _mm256_setzero_ps(), o = _mm256_setzero_ps();
-    e2m1x64(_mm256_set_m128i(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(c[2] + k / 2)),
-                                                _mm_loadl_epi64((const __m128i *)(c[3] + k / 2))),
-                             _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(c[0] + k / 2)),
-                                                _mm_loadl_epi64((const __m128i *)(c[1] + k / 2)))), v);
-    for (int j = 0; j < 4; j++) {
-        const __m256 xj = _mm256_broadcast_ps((const __m128 *)(x + k + 4 * j));
-        p = _mm256_fmadd_ps(xj, v[j], p);
-        o = _mm256_fmadd_ps(xj, v[4 + j], o);
-    }
-    *t02 = _mm256_fmadd_ps(p, lane_scales(s[0][k / 16], s[2][k / 16]), *t02);
-    *t13 = _mm256_fmadd_ps(o, lane_scales(s[1][k / 16], s[3][k / 16]), *t13);
-}
-
-/* Short rows eight at a time (short_rows_nvfp4, short_rows_a4): the group's codes and scales, the rows past
-   R standing in as row 0 again; and its eight sums, paired as two rows a lane in the order 0 1 4 5 | 2 3 6 7,
-   times scale into y[0..R). */
-static inline void eight_rows(const uint8_t *w, const uint8_t *scales, int64_t ldw, int64_t lds, int R,
-                              const uint8_t *c[8], const uint8_t *sc[8]) {
-    for (int r = 0; r < 8; r++) c[r] = w + (r < R ? r : 0) * ldw, sc[r] = scales + (r < R ? r : 0) * lds;
-}
-
+/* Short rows eight at a time (short_rows_nvfp4, short_rows_a4): the group's eight sums, paired as two rows a
+   lane in the order 0 1 4 5 | 2 3 6 7, times scale into y[0..R). */
 static inline void eight_sums(__m256 paired, float scale, int R, float *y) {
     const __m256 sums = _mm256_mul_ps(_mm256_permutevar8x32_ps(paired, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7)),
                                       _mm256_set1_ps(scale));
@@ -1172,7 +1158,7 @@ static inline void eight_sums(__m256 paired, float scale, int R, float *y) {
 static void short_rows_nvfp4(const float *x, const uint8_t *w, const uint8_t *scales, int64_t ldw, int64_t lds,
                              int64_t K, int R, float scale, float *y) {
     const uint8_t *c[8], *sc[8];
-    eight_rows(w, scales, ldw, lds, R, c, sc);
+    group_rows(8, w, scales, ldw, lds, R, c, sc);
     __m256 t0 = _mm256_setzero_ps(), t1 = _mm256_setzero_ps(), t2 = _mm256_setzero_ps(), t3 = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += 16) four_blocks(x, c, sc, k, &t0, &t1); /* rows 0-3, then 4-7: four sums */
     for (int64_t k = 0; k < K; k += 16) four_blocks(x, c + 4, sc + 4, k, &t2, &t3); /* live would spill */
@@ -1196,12 +1182,12 @@ void part_nvfp4(const float *xp, const uint8_t *w, const uint8_t *scales, float 
     }
     for (int64_t n = n0; n < n1; n += 4) { /* four rows at a time (the last group's missing ones repeat its first) */
         const int R = n1 - n < 4 ? (int)(n1 - n) : 4;
-        int64_t at[4], as[4];
-        for (int r = 0; r < 4; r++) at[r] = (r < R ? r : 0) * ldw, as[r] = (r < R ? r : 0) * lds;
+        const uint8_t *c[4], *sc[4];
+        group_rows(4, w + n * ldw, scales + n * lds, ldw, lds, R, c, sc);
         prefetch_nvfp4(w, scales, ldw, lds, K, n, n1);
         for (int64_t m = 0; m < M; m++) {
             float out[4];
-            rows_nvfp4(xp + m * K, w + n * ldw, scales + n * lds, at, as, K, out);
+            rows_nvfp4(xp + m * K, c, sc, K, out);
             for (int r = 0; r < R; r++) y[m * N + n + r] = out[r] * scale;
         }
     }
@@ -1450,7 +1436,7 @@ static inline void rows_a4(int R, const int8_t *xq, const float *xs, const int32
     __m128 tail = _mm_setzero_ps(); /* the last K % 64 of the four rows (rows past R: row 0 again), together */
     if (k < K) {
         const uint8_t *c[4], *sc[4];
-        for (int r = 0; r < 4; r++) c[r] = w + (r < R ? r : 0) * ldw, sc[r] = scales + (r < R ? r : 0) * lds;
+        group_rows(4, w, scales, ldw, lds, R, c, sc);
         __m256 t = _mm256_setzero_ps();
         for (int64_t b = k / 8; k < K; k += 16, b++) t = four_blocks_a4(xq, xs, xc, c, sc, k, b, t);
         const __m256 pairs = _mm256_hadd_ps(t, t); /* rows 0 1 0 1 | 2 3 2 3 */
@@ -1470,7 +1456,7 @@ static inline void rows_a4(int R, const int8_t *xq, const float *xs, const int32
 static void short_rows_a4(const int8_t *xq, const float *xs, const int32_t *xc, const uint8_t *w,
                           const uint8_t *scales, int64_t ldw, int64_t lds, int64_t K, int R, float scale, float *y) {
     const uint8_t *c[8], *sc[8];
-    eight_rows(w, scales, ldw, lds, R, c, sc);
+    group_rows(8, w, scales, ldw, lds, R, c, sc);
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += 16) {
         a0 = four_blocks_a4(xq, xs, xc, c, sc, k, k / 16, a0);
